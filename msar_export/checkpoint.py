@@ -1,0 +1,164 @@
+"""Checkpoint directories: `config.json` + `model.safetensors` (MSAR_SPEC.md section 2).
+
+Loading is strict: every expected tensor present with its exact shape, no
+extra tensor, every value finite, config consistent.  Pickle files are
+refused unless the caller passes `trust_pickle=True`, and even then go only
+through `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .config import MSARConfig
+from .errors import CheckpointError, ConfigError
+from .fileio import atomic_dir
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PICKLE_FILES = ("model.pt", "model.bin", "pytorch_model.bin")
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def expected_shapes(cfg: MSARConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name and shape a checkpoint of `cfg` holds, in file order."""
+    d, V, L, F_, m = cfg.d_model, cfg.vocab_size, cfg.n_sublayers, cfg.mlp_hidden, cfg.n_streams
+    qd, kvd = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (V, d)}
+    for l in range(1, L + 1):
+        shapes[f"layers.{l}.norm.weight"] = (d,)
+        if l % 2 == 1:
+            shapes.update({f"layers.{l}.wq.weight": (qd, d), f"layers.{l}.wk.weight": (kvd, d),
+                           f"layers.{l}.wv.weight": (kvd, d), f"layers.{l}.wo.weight": (d, qd)})
+        else:
+            shapes.update({f"layers.{l}.w_gate.weight": (F_, d), f"layers.{l}.w_up.weight": (F_, d),
+                           f"layers.{l}.w_down.weight": (d, F_)})
+    if cfg.residual in ("attnres", "msar"):
+        for j in range(1, L + 2):
+            shapes[f"mixers.{j}.query"] = (m, d)
+            if cfg.residual == "msar":
+                shapes.update({f"mixers.{j}.gate.weight": (m, m * d), f"mixers.{j}.gate.bias": (m,),
+                               f"mixers.{j}.gate_scale": ()})
+    for i in range(L + 1 if cfg.residual == "msar" else 0):
+        for r, k in enumerate(cfg.conv_kernels, start=1):
+            shapes[f"sources.{i}.conv.{r}.weight"] = (d, 1, k)
+    shapes["final_norm.weight"] = (d,)
+    if not cfg.tie_embeddings:
+        shapes["lm_head.weight"] = (V, d)
+    return shapes
+
+
+def validate_tensors(cfg: MSARConfig, tensors: dict[str, torch.Tensor]) -> None:
+    """Raise CheckpointError naming the first problem; silent when all is well."""
+    want = expected_shapes(cfg)
+    missing = [n for n in want if n not in tensors]
+    extra = sorted(n for n in tensors if n not in want)
+    hint = f"(config: residual={cfg.residual}, n_blocks={cfg.n_blocks}, stream_kernels={list(cfg.stream_kernels)}, tie_embeddings={str(cfg.tie_embeddings).lower()})"
+    if missing:
+        raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s), first {missing[:3]} {hint}")
+    if extra:
+        raise CheckpointError(f"checkpoint has {len(extra)} unexpected tensor(s), first {extra[:3]} {hint}")
+    for name, shape in want.items():
+        t = tensors[name]
+        if t.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"tensor {name!r} has dtype {t.dtype}, expected float32, float16 or bfloat16")
+        if tuple(t.shape) != shape:
+            raise CheckpointError(
+                f"tensor {name!r} has shape {list(t.shape)} but config.json implies {list(shape)}; "
+                "config and weights disagree"
+            )
+        if not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"tensor {name!r} holds NaN or Inf values; the checkpoint is corrupt")
+
+
+def read_config(path: Path) -> MSARConfig:
+    cfg_file = path / CONFIG_FILE
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{path}: no {CONFIG_FILE}; a checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    try:
+        text = cfg_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_file}: cannot read ({e})") from None
+    try:
+        return MSARConfig.from_json(text)
+    except ConfigError as e:
+        raise ConfigError(f"{cfg_file}: {e}") from None
+    except TypeError as e:  # a value of the wrong JSON type reaching a comparison
+        raise ConfigError(f"{cfg_file}: a value has the wrong type ({e})") from None
+
+
+def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
+    st = path / WEIGHTS_FILE
+    if st.is_file():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(st)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise CheckpointError(f"{st}: not a readable safetensors file ({msg}); the file is truncated or corrupt") from None
+    pickles = [path / n for n in PICKLE_FILES if (path / n).is_file()]
+    if not pickles:
+        raise CheckpointError(f"{path}: no {WEIGHTS_FILE}")
+    if not trust_pickle:
+        raise CheckpointError(
+            f"{pickles[0]} is a pickle file, which can run code when loaded; refusing. "
+            "Convert it to model.safetensors, or pass --trust-pickle if you trust its origin"
+        )
+    try:
+        obj = torch.load(pickles[0], map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refuses any non-tensor payload
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{pickles[0]}: refused by torch.load(weights_only=True): {msg}") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        raise CheckpointError(f"{pickles[0]}: expected a flat dict of name -> tensor")
+    return obj
+
+
+def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None, trust_pickle: bool = False):
+    """Load a checkpoint directory into an `MSARLM` in eval mode.
+
+    dtype: the model's dtype; default is the checkpoint's (float32 if mixed)."""
+    from .model import MSARLM
+
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: a checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}, not a file")
+    cfg = read_config(path)
+    tensors = read_tensors(path, trust_pickle)
+    validate_tensors(cfg, tensors)
+    if dtype is None:
+        dtypes = {t.dtype for t in tensors.values()}
+        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    model = MSARLM(cfg)
+    model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
+    return model.to(dtype).eval()
+
+
+def save_checkpoint(model, path: str | os.PathLike, *, dtype: torch.dtype | None = None, extra_files: dict[str, str] | None = None) -> Path:
+    """Write `model` as a checkpoint directory, atomically (the old directory,
+    if any, stays whole until the new one is complete)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    state = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    validate_tensors(model.cfg, state)
+    with atomic_dir(path) as tmp:
+        (tmp / CONFIG_FILE).write_text(model.cfg.to_json(), encoding="utf-8")
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "model_type": "msar_lm"})
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+    return path
+
+
+def checkpoint_summary(model) -> str:
+    cfg = model.cfg
+    n = sum(p.numel() for p in model.parameters())
+    return json.dumps({"residual": cfg.residual, "params": n, "d_model": cfg.d_model, "n_blocks": cfg.n_blocks})

@@ -1,0 +1,136 @@
+"""`msar-export` command line: a thin layer over the library API.
+
+User errors (`MsarError`) print one line on stderr and exit 2.  Any other
+exception is a bug in msar-export: its traceback is kept and the exit code is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import InputError, MsarError
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def cmd_train(a) -> int:
+    from .train import DEFAULT_CONFIG, TrainSettings, train_all
+
+    settings = TrainSettings(steps=a.steps, seed=a.seed, threads=a.threads)
+    kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in ("msar", "standard", "attnres")]
+    if bad:
+        raise InputError(f"--kinds: unknown residual kind(s) {bad}; use msar, standard, attnres")
+    summary = train_all(Path(a.out), kinds, DEFAULT_CONFIG, settings)
+    print(f"eval losses: {summary['eval_loss']} -> {Path(a.out) / 'eval_losses.json'}, {Path(a.out) / 'loss_curve.png'}")
+    return 0
+
+
+def _encode_prompt(text: str):
+    import torch
+
+    data = text.encode("utf-8")
+    if not data:
+        raise InputError("--prompt is empty; give at least one character")
+    return torch.tensor([list(data)], dtype=torch.long)
+
+
+def cmd_generate(a) -> int:
+    from .checkpoint import load_checkpoint
+    from .model import generate
+
+    ids = _encode_prompt(a.prompt)
+    if a.onnx:
+        from .runtime import OrtDecoder
+
+        out = OrtDecoder(a.onnx, threads=a.threads).generate(ids, max_new_tokens=a.max_new_tokens, do_sample=a.sample,
+                                                             temperature=a.temperature, top_k=a.top_k, seed=a.seed)
+    else:
+        model = load_checkpoint(a.checkpoint, trust_pickle=a.trust_pickle)
+        if model.cfg.vocab_size < 256:
+            raise InputError(f"this checkpoint's vocabulary has {model.cfg.vocab_size} tokens; byte prompts need 256")
+        out = generate(model, ids, max_new_tokens=a.max_new_tokens, do_sample=a.sample,
+                       temperature=a.temperature, top_k=a.top_k, seed=a.seed)
+    print(bytes(out[0].tolist()).decode("utf-8", errors="replace"))
+    return 0
+
+
+def cmd_export(a) -> int:
+    from .export import ExportOptions, export_checkpoint
+
+    opts = ExportOptions(decode=a.decode, decomposed=a.decomposed, dtype=a.dtype, opset=a.opset)
+    report = export_checkpoint(a.checkpoint, a.output, opts, trust_pickle=a.trust_pickle, validate=not a.no_validate)
+    print(report.summary())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="msar-export", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = sub.add_parser("train", help="train the default byte-level models (msar, standard, attnres) on stdlib sources")
+    t.add_argument("-o", "--out", default="runs/default", help="output directory (one checkpoint per kind)")
+    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--kinds", default="msar,standard,attnres", help="comma-separated residual kinds")
+    t.set_defaults(func=cmd_train)
+
+    g = sub.add_parser("generate", help="generate text from a checkpoint (eager) or a decode ONNX graph")
+    g.add_argument("checkpoint", nargs="?", help="checkpoint directory")
+    g.add_argument("--onnx", help="decode graph from `export --decode` (runs in ONNX Runtime instead of PyTorch)")
+    g.add_argument("--prompt", default="def ")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=2)
+    g.add_argument("--trust-pickle", action="store_true", help="allow model.pt/.bin (loaded with weights_only=True)")
+    g.set_defaults(func=cmd_generate)
+
+    e = sub.add_parser("export", help="export a checkpoint to ONNX (msar custom ops with function bodies)")
+    e.add_argument("checkpoint")
+    e.add_argument("-o", "--output", required=True, help="output .onnx path")
+    e.add_argument("--decode", action="store_true", help="incremental-decoding graph with KV cache and conv state")
+    e.add_argument("--decomposed", action="store_true", help="standard ONNX ops only, no msar custom nodes")
+    e.add_argument("--dtype", choices=DTYPES, default="float32")
+    e.add_argument("--opset", type=int, default=18)
+    e.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime vs eager check after export")
+    e.add_argument("--trust-pickle", action="store_true")
+    e.set_defaults(func=cmd_export)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "generate" and not (args.checkpoint or args.onnx):
+        print("msar-export generate: error: give a checkpoint directory or --onnx MODEL", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except MsarError as e:
+        print(f"msar-export {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"msar-export {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print(f"msar-export {args.command}: internal error (a bug in msar-export, not your input); please report it",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

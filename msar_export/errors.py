@@ -1,0 +1,34 @@
+"""One exception hierarchy for user errors.
+
+`MsarError` and its subclasses mean "the input is wrong": the CLI prints the
+message on one line and exits 2.  Anything else escaping the CLI is a bug in
+msar-export and keeps its traceback (exit 1).
+"""
+
+
+class MsarError(Exception):
+    """A user error whose message says what is wrong and what to do."""
+
+
+class ConfigError(MsarError):
+    """config.json is malformed or contradicts itself."""
+
+
+class CheckpointError(MsarError):
+    """A checkpoint directory or its tensors cannot be used."""
+
+
+class OnnxModelError(MsarError):
+    """An ONNX file is unreadable or does not match what was asked."""
+
+
+class EngineError(MsarError):
+    """A TensorRT engine or its metadata cannot be used."""
+
+
+class InputError(MsarError):
+    """Token ids, masks or shapes given to a model are invalid."""
+
+
+class BackendUnavailable(MsarError):
+    """A backend (TensorRT, CUDA, Triton) is not installed on this machine."""

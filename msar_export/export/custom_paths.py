@@ -1,0 +1,69 @@
+"""Depth paths that emit `msar` custom nodes while torch.onnx traces the model.
+
+`torch.onnx.ops.symbolic` records one node with the given domain, inputs and
+attributes; it only means something inside an export (eagerly it returns a
+placeholder), so these paths are used by the exporter alone."""
+
+from __future__ import annotations
+
+import torch
+
+from ..model.lm import DepthPath, EagerDepthPath
+from ..model.mixing import stream_fusion
+from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, PLUGIN_NAMESPACE, PLUGIN_VERSION
+
+PLUGIN_ATTRS = {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}
+
+
+def pack_conv_weights(model) -> torch.Tensor:
+    """(L+1, d, K): row i = source i's conv taps for streams 1..m-1, back to back (Conv1d order)."""
+    rows = []
+    for i in range(model.cfg.n_sublayers + 1):
+        convs = model.sources[str(i)].conv.values()
+        rows.append(torch.cat([c.weight[:, 0, :] for c in convs], dim=1))
+    return torch.stack(rows)
+
+
+def depth_retrieval_op(query: torch.Tensor, views: list[torch.Tensor], eps: float) -> torch.Tensor:
+    return torch.onnx.ops.symbolic(
+        f"{DOMAIN}::{DEPTH_RETRIEVAL.name}", [query, *views], {"eps": float(eps), **PLUGIN_ATTRS},
+        dtype=views[0].dtype, shape=views[0].shape, version=DOMAIN_VERSION,
+    )
+
+
+class FusedMixerPath(DepthPath):
+    """msar prefill: every mixer is one FusedMixer node over the raw sources."""
+
+    def __init__(self, model, history, source_mask, conv_bank: torch.Tensor):
+        super().__init__(model, history, source_mask)
+        self.conv_bank = conv_bank
+        self.sources: list[torch.Tensor] = []
+
+    def add_source(self, i, x):
+        self.sources.append(x)
+
+    def mix(self, l):
+        mixer, cfg = self.model.mixers[str(l)], self.model.cfg
+        x0 = self.sources[0]
+        attrs = {"stream_kernels": list(cfg.stream_kernels), "eps": float(cfg.mixer_eps), **PLUGIN_ATTRS}
+        return torch.onnx.ops.symbolic(
+            f"{DOMAIN}::{FUSED_MIXER.name}",
+            [mixer.query, mixer.gate.weight, mixer.gate.bias, mixer.gate_scale, self.conv_bank, *self.sources],
+            attrs, dtype=x0.dtype, shape=x0.shape, version=DOMAIN_VERSION,
+        )
+
+
+class RetrievalOpPath(EagerDepthPath):
+    """attnres (prefill and decode) and msar decode: views are expanded once per
+    source with standard ops (from the conv state when decoding), each mixer is
+    a DepthRetrieval node, and msar's scalar gate fusion stays standard ops."""
+
+    def add_source(self, i, x):
+        self.views.append(self.expand(i, x))  # no keys: the op normalises them itself
+
+    def mix(self, l):
+        mixer, cfg = self.model.mixers[str(l)], self.model.cfg
+        z = depth_retrieval_op(mixer.query, self.views, cfg.mixer_eps)
+        if not mixer.gated:
+            return z[:, :, 0]
+        return stream_fusion(z, mixer.gate.weight, mixer.gate.bias, mixer.gate_scale)

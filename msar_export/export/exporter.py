@@ -1,0 +1,201 @@
+"""`msar-export export`: checkpoint -> ONNX (custom-op or decomposed, prefill or decode)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx_ir as ir
+import torch
+
+from ..checkpoint import load_checkpoint
+from ..errors import InputError
+from ..fileio import atomic_dir
+from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
+from .functions import depth_retrieval_function, fused_mixer_function
+from .graphs import DecodeGraph, PrefillGraph, decode_io_names, dynamic_shapes, example_inputs
+
+TWO_GB = 2 * 1024**3
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    decode: bool = False
+    decomposed: bool = False
+    dtype: str = "float32"
+    opset: int = 18
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise InputError(f"--dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if not 18 <= self.opset <= 23:
+            raise InputError(f"--opset {self.opset} is not supported; use 18..23")
+
+
+@dataclass
+class ExportReport:
+    path: Path
+    options: ExportOptions
+    custom_ops: dict[str, int] = field(default_factory=dict)
+    parameters: int = 0
+    file_bytes: int = 0
+    export_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+    validation: object | None = None
+
+    def summary(self) -> str:
+        ops = ", ".join(f"{DOMAIN}::{k} x{v}" for k, v in sorted(self.custom_ops.items())) or "none"
+        kind = ("decode" if self.options.decode else "prefill") + (", decomposed" if self.options.decomposed else "")
+        lines = [
+            f"exported {self.path} ({kind}, {self.options.dtype}, opset {self.options.opset})",
+            f"  custom ops: {ops}",
+            f"  parameters: {self.parameters:,}   file: {self.file_bytes / 1e6:.2f} MB   "
+            f"export: {self.export_seconds:.1f} s   peak RSS: {self.peak_rss_mb:.0f} MB",
+        ]
+        if self.validation is not None:
+            lines.append("  " + self.validation.summary())
+        return "\n".join(lines)
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
+    """Run torch.onnx (dynamo) on the prefill or decode graph of `model`."""
+    graph_cls = DecodeGraph if opts.decode else PrefillGraph
+    module = graph_cls(model, custom_ops=not opts.decomposed).eval()
+    if opts.decode:
+        in_names, out_names = decode_io_names(model.cfg)
+    else:
+        in_names, out_names = ["input_ids"], ["logits"]
+    # The exporter prints progress and warnings of its own; keep the CLI's output ours.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_torch_logs():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module, example_inputs(model, opts.decode), dynamo=True, input_names=in_names, output_names=out_names,
+            dynamic_shapes=dynamic_shapes(model, opts.decode), opset_version=opts.opset, optimize=True,
+            external_data=False,
+        )
+    return program.model
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+def attach_functions(model: ir.Model, cfg, opset: int) -> dict[str, int]:
+    """Give every msar node its overload and the model a function body for it."""
+    counts: dict[str, int] = {}
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.domain != DOMAIN:
+            continue
+        contract = CONTRACTS[node.op_type]
+        n = len(node.inputs) - contract.n_fixed_inputs
+        node.overload = contract.overload(n)
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+        key = (DOMAIN, node.op_type, node.overload)
+        if key in model.functions:
+            continue
+        if node.op_type == "FusedMixer":
+            fn = fused_mixer_function(n, list(cfg.stream_kernels), cfg.mixer_eps, opset)
+        else:
+            fn = depth_retrieval_function(n, cfg.mixer_eps, opset)
+        model.functions[key] = fn
+    if counts:
+        model.opset_imports[DOMAIN] = DOMAIN_VERSION
+        # Functions in a stable order: (op, arity) rather than discovery order.
+        ordered = sorted(model.functions.items(), key=lambda kv: (kv[0][1], int(kv[0][2][1:])))
+        model.functions.clear()
+        model.functions.update(ordered)
+    return counts
+
+
+def name_dims(model: ir.Model) -> None:
+    """The mask length is an AUTO dim in torch.export; give it its meaning."""
+    for v in model.graph.inputs:
+        if v.name == "attention_mask" and v.shape is not None:
+            v.shape = ir.Shape([v.shape[0], "past + seq"])
+
+
+def describe(model: ir.Model, cfg, opts: ExportOptions, source_name: str) -> None:
+    model.producer_name = "msar-export"
+    from .. import __version__
+
+    model.producer_version = __version__
+    model.graph.name = f"msar_lm_{cfg.residual}_{'decode' if opts.decode else 'prefill'}"
+    model.metadata_props.update({
+        "msar.config": cfg.to_json().strip(),
+        "msar.graph": "decode" if opts.decode else "prefill",
+        "msar.decomposed": str(opts.decomposed).lower(),
+        "msar.dtype": opts.dtype,
+        "msar.checkpoint": source_name,
+    })
+
+
+def save_model(model: ir.Model, out: Path) -> int:
+    """Serialise deterministically and write atomically; external data over 2 GB."""
+    import onnx
+
+    proto = ir.serde.serialize_model(model)
+    big = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None) > TWO_GB - 64 * 1024**2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not big:
+        data = proto.SerializeToString(deterministic=True)
+        with atomic_dir(out.with_name(out.name + ".parts")) as tmp:
+            (tmp / out.name).write_bytes(data)
+            os.replace(tmp / out.name, out)
+        return len(data)
+    data_name = out.name + ".data"
+    with atomic_dir(out.with_name(out.name + ".parts")) as tmp:
+        onnx.save_model(proto, str(tmp / out.name), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+        # Data first: a model file never points at a missing or older data file.
+        os.replace(tmp / data_name, out.parent / data_name)
+        os.replace(tmp / out.name, out)
+    return out.stat().st_size + (out.parent / data_name).stat().st_size
+
+
+def export_model(model, out: str | os.PathLike, opts: ExportOptions = ExportOptions(), source_name: str = "",
+                 validate: bool = True) -> ExportReport:
+    """Export an in-memory MSARLM (library API behind the CLI)."""
+    out = Path(out)
+    t0 = time.perf_counter()
+    model = model.to(DTYPES[opts.dtype]).eval()
+    with torch.no_grad():
+        onnx_model = trace_to_ir(model, opts)
+    counts = attach_functions(onnx_model, model.cfg, opts.opset)
+    name_dims(onnx_model)
+    describe(onnx_model, model.cfg, opts, source_name)
+    size = save_model(onnx_model, out)
+    report = ExportReport(out, opts, counts, sum(p.numel() for p in model.parameters()), size,
+                          time.perf_counter() - t0, peak_rss_mb())
+    if validate:
+        from .validate import validate_export
+
+        report.validation = validate_export(out, model, opts)
+    return report
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, opts: ExportOptions = ExportOptions(),
+                      trust_pickle: bool = False, validate: bool = True) -> ExportReport:
+    model = load_checkpoint(checkpoint, dtype=torch.float32, trust_pickle=trust_pickle)
+    return export_model(model, out, opts, source_name=Path(checkpoint).name, validate=validate)

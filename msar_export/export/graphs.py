@@ -1,0 +1,102 @@
+"""The modules torch.onnx traces: the prefill graph and the decode graph, with
+the input/output names of MSAR_SPEC.md section 3."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn as nn
+
+from ..model.lm import DecodeCache
+from .custom_paths import FusedMixerPath, RetrievalOpPath, pack_conv_weights
+
+
+def decode_io_names(cfg) -> tuple[list[str], list[str]]:
+    ins = ["input_ids", "attention_mask", "position_ids"]
+    outs = ["logits"]
+    for k in range(cfg.n_blocks):
+        ins += [f"past_key_values.{k}.key", f"past_key_values.{k}.value"]
+        outs += [f"present.{k}.key", f"present.{k}.value"]
+    if cfg.residual == "msar":
+        ins.append("past_conv_state")
+        outs.append("present_conv_state")
+    return ins, outs
+
+
+class _Graph(nn.Module):
+    def __init__(self, model, custom_ops: bool):
+        super().__init__()
+        self.model = model
+        self.custom_ops = custom_ops and model.cfg.residual != "standard"
+        if self.custom_ops and model.cfg.residual == "msar":
+            # One initializer shared by every FusedMixer node; each reads its first n rows.
+            self.register_buffer("conv_bank", pack_conv_weights(model).detach().clone())
+
+    def path_cls(self, prefill: bool):
+        if not self.custom_ops:
+            return None
+        if prefill and self.model.cfg.residual == "msar":
+            return functools.partial(FusedMixerPath, conv_bank=self.conv_bank)
+        return RetrievalOpPath
+
+
+class PrefillGraph(_Graph):
+    """input_ids (B, T) -> logits (B, T, V)."""
+
+    def forward(self, input_ids):
+        logits, _ = self.model.run(input_ids, path_cls=self.path_cls(prefill=True))
+        return logits
+
+
+class DecodeGraph(_Graph):
+    """One graph for prefill (past length 0) and decode steps."""
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        cfg = self.model.cfg
+        nb = cfg.n_blocks
+        cache = DecodeCache(list(past[0 : 2 * nb : 2]), list(past[1 : 2 * nb : 2]),
+                            past[2 * nb] if cfg.residual == "msar" else None)
+        logits, new = self.model.run(input_ids, attention_mask, position_ids, cache, path_cls=self.path_cls(prefill=False))
+        outs = [logits]
+        for k, v in zip(new.keys, new.values):
+            outs += [k, v]
+        if cfg.residual == "msar":
+            outs.append(new.conv)
+        return tuple(outs)
+
+
+def example_inputs(model, decode: bool, batch: int = 2, seq: int = 5, past: int = 3):
+    """Tracing inputs; sizes > 1 and distinct so no dynamic dim gets specialised."""
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+    if not decode:
+        return (ids,)
+    cache = model.empty_cache(batch)
+    dt = model.dtype
+    keys = [torch.randn(batch, cfg.n_kv_heads, past, cfg.head_dim, generator=g).to(dt) for _ in cache.keys]
+    vals = [torch.randn(batch, cfg.n_kv_heads, past, cfg.head_dim, generator=g).to(dt) for _ in cache.values]
+    mask = torch.ones(batch, past + seq, dtype=torch.int64)
+    pos = torch.arange(past, past + seq).expand(batch, seq).contiguous()
+    args = [ids, mask, pos]
+    for k, v in zip(keys, vals):
+        args += [k, v]
+    if cfg.residual == "msar":
+        args.append(torch.randn(cache.conv.shape, generator=g).to(dt))
+    return tuple(args)
+
+
+def dynamic_shapes(model, decode: bool):
+    """torch.export dims; the mask length (past + seq) is left to torch.export (AUTO), which derives it."""
+    from torch.export import Dim
+
+    batch, seq, past = Dim("batch"), Dim("seq"), Dim("past")
+    if not decode:
+        return {"input_ids": {0: batch, 1: seq}}
+    cfg = model.cfg
+    kv = [{0: batch, 2: past} for _ in range(2 * cfg.n_blocks)]
+    if cfg.residual == "msar":
+        kv.append({1: batch})
+    return {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: Dim.AUTO},
+            "position_ids": {0: batch, 1: seq}, "past": tuple(kv)}

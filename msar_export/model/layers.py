@@ -1,0 +1,88 @@
+"""Sublayers of an msar_lm block: RMSNorm, rotary GQA attention, SwiGLU MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import MSARConfig
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Parameter-free RMSNorm in float32: x / sqrt(mean(x^2) + eps)."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (rms_normalize(x, self.eps) * self.weight.float()).to(x.dtype)
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (B, 1, T, head_dim) for the rotate-half convention, float32."""
+    j = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32)
+    inv_freq = theta ** (-j / head_dim)  # (hd/2,)
+    angles = position_ids.float()[..., None] * inv_freq  # (B, T, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, hd)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class AttentionSublayer(nn.Module):
+    """f_l(h) = Attn_l(RMSNorm_l(h)) for odd l: causal GQA with rotary embeddings and a KV cache."""
+
+    def __init__(self, cfg: MSARConfig):
+        super().__init__()
+        d, H, Hkv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.H, self.Hkv, self.hd = H, Hkv, hd
+        self.norm = RMSNorm(d, cfg.norm_eps)
+        self.wq = nn.Linear(d, H * hd, bias=False)
+        self.wk = nn.Linear(d, Hkv * hd, bias=False)
+        self.wv = nn.Linear(d, Hkv * hd, bias=False)
+        self.wo = nn.Linear(H * hd, d, bias=False)
+
+    def forward(self, h, cos, sin, bias, past_k=None, past_v=None):
+        """h (B,T,d); bias (B,1,T,S) additive float32 mask; returns out, (k, v) of length S."""
+        x = self.norm(h)
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.H, self.hd).transpose(1, 2)  # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.Hkv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = self.wv(x).view(B, T, self.Hkv, self.hd).transpose(1, 2)
+        q = apply_rotary(q.float(), cos, sin)
+        k = apply_rotary(k.float(), cos, sin).to(x.dtype)
+        if past_k is not None:
+            k = torch.cat([past_k, k], dim=2)  # (B, Hkv, S, hd)
+            v = torch.cat([past_v, v], dim=2)
+        G = self.H // self.Hkv
+        qg = q.view(B, self.Hkv, G, T, self.hd)  # query heads grouped by their kv head
+        scores = qg @ k.float()[:, :, None].transpose(-1, -2) * self.hd**-0.5  # (B, Hkv, G, T, S)
+        probs = torch.softmax(scores + bias[:, :, None], dim=-1)
+        out = (probs @ v.float()[:, :, None]).reshape(B, self.H, T, self.hd)
+        out = out.transpose(1, 2).reshape(B, T, self.H * self.hd).to(x.dtype)
+        return self.wo(out), (k, v)
+
+
+class MLPSublayer(nn.Module):
+    """f_l(h) = MLP_l(RMSNorm_l(h)) for even l: w_down(silu(w_gate(x)) * w_up(x))."""
+
+    def __init__(self, cfg: MSARConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.w_gate = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.w_down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+
+    def forward(self, h):
+        x = self.norm(h)
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))

@@ -1,0 +1,92 @@
+"""MSAR depth mixing (MSAR_SPEC.md 1.1-1.3): source expansion, per-stream
+retrieval over depth, scalar stream fusion.  All of it runs in float32."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+
+class SourceExpansion(nn.Module):
+    """Views of one source x_i: the identity plus one causal depthwise conv per
+    stream r >= 1.  Weights `sources.{i}.conv.{r}.weight` in Conv1d layout
+    [d, 1, k], so tap delta (0 = current token) is w[:, 0, k-1-delta]."""
+
+    def __init__(self, d: int, conv_kernels: tuple[int, ...]):
+        super().__init__()
+        self.conv = nn.ModuleDict(
+            {str(r): nn.Conv1d(d, d, k, groups=d, bias=False) for r, k in enumerate(conv_kernels, start=1)}
+        )
+
+    def forward(self, x: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B,T,d) -> views (B,T,m,d) float32.  `history` (B,H,d) holds the H
+        positions before x (the convolution state); None means sequence start."""
+        x = x.float()
+        views = [x]
+        for conv in self.conv.values():
+            k = conv.kernel_size[0]
+            if history is None:
+                window = F.pad(x, (0, 0, k - 1, 0))  # zeros before the sequence start
+            else:
+                window = torch.cat([history.float()[:, history.shape[1] - (k - 1) :], x], dim=1)
+            views.append(causal_conv(window, conv.weight.float()))
+        return torch.stack(views, dim=2)  # (B, T, m, d)
+
+
+def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Depthwise conv over window (B, k-1+T, d) with Conv1d weight (d, 1, k) -> (B, T, d).
+
+    Written as k shifted multiply-adds: output t reads window[t .. t+k-1], and
+    window position t+j is token t-(k-1-j), so tap j = w[:, 0, j] multiplies
+    delta = k-1-j (MSAR_SPEC 1.1).  Faster than grouped conv1d on CPU, forward
+    and backward, and exports to plain Mul/Add."""
+    k = weight.shape[-1]
+    T = window.shape[1] - (k - 1)
+    out = window[:, 0:T] * weight[:, 0, 0]
+    for j in range(1, k):
+        out = out + window[:, j : j + T] * weight[:, 0, j]
+    return out
+
+
+def depth_retrieval(query: torch.Tensor, views: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Per-stream softmax retrieval over depth.
+
+    query (m,d); views (n,B,T,m,d) = x_i^(r) for sources i < l; keys = RMSNorm(views)
+    (parameter-free, computed once per source since every later mixer reuses it)
+    -> z (B,T,m,d).  s_i^(r) = q^(r) . keys_i^(r); alpha = softmax over i;
+    z^(r) = sum_i alpha_i^(r) x_i^(r)."""
+    scores = (keys * query.float()).sum(-1)  # (n, B, T, m)
+    alpha = torch.softmax(scores, dim=0)  # each stream normalises over depth on its own
+    return (alpha.unsqueeze(-1) * views).sum(0)
+
+
+def stream_fusion(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """g = sigmoid(a * (flat(Z) W) + b), one scalar per stream; h = sum_r g^(r) z^(r).
+
+    z (B,T,m,d) float32; weight (m, m*d) in nn.Linear layout -> h (B,T,d)."""
+    flat = z.flatten(-2)  # streams in order [z^(0), ..., z^(m-1)]
+    g = torch.sigmoid(scale.float() * F.linear(flat, weight.float()) + bias.float())  # (B, T, m)
+    return (g.unsqueeze(-1) * z).sum(dim=-2)
+
+
+class DepthMixer(nn.Module):
+    """Mixer l: builds h_l from the views of sources x_0..x_{l-1}.
+
+    `attnres` is one identity stream without a gate; `msar` fuses m streams."""
+
+    def __init__(self, d: int, n_streams: int, gated: bool):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(n_streams, d))
+        self.gated = gated
+        if gated:
+            self.gate = nn.Linear(n_streams * d, n_streams)
+            self.gate_scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, views: list[torch.Tensor], keys: list[torch.Tensor]) -> torch.Tensor:
+        """views, keys = RMSNorm(views): l tensors (B,T,m,d) float32 -> h (B,T,d) float32."""
+        z = depth_retrieval(self.query, torch.stack(views, dim=0), torch.stack(keys, dim=0))
+        if not self.gated:
+            return z[:, :, 0]
+        return stream_fusion(z, self.gate.weight, self.gate.bias, self.gate_scale)
