@@ -136,6 +136,37 @@ def name_dims(model: ir.Model) -> None:
             v.shape = ir.Shape([v.shape[0], "past + seq"])
 
 
+HIDDEN_NAME = "hidden.{}"
+
+
+def name_hidden_states(model: ir.Model, n_sublayers: int) -> None:
+    """Rename each mixer output h_l to `hidden.{l}` so parity checks can find it.
+
+    h_l is the one value that enters RMSNorm_l from outside (h_{L+1} enters the
+    final norm); the exporter's name scopes say which nodes belong to a norm."""
+    scopes = {f"'model.layers.{l}.norm'": l for l in range(1, n_sublayers + 1)}
+    scopes["'model.final_norm'"] = n_sublayers + 1
+
+    def scope_of(node) -> str | None:
+        names = node.metadata_props.get("pkg.torch.onnx.name_scopes", "")
+        return next((sc for sc in scopes if sc in names), None)
+
+    found: dict[int, ir.Value] = {}
+    for node in model.graph:
+        scope = scope_of(node)
+        if scope is None:
+            continue
+        for v in node.inputs:
+            if v is None or v.is_initializer() or v.const_value is not None:
+                continue
+            if v.producer() is None or scope_of(v.producer()) != scope:
+                found.setdefault(scopes[scope], v)
+    for l, v in found.items():
+        if v.is_graph_output():
+            continue
+        v.name = HIDDEN_NAME.format(l)
+
+
 def describe(model: ir.Model, cfg, opts: ExportOptions, source_name: str) -> None:
     model.producer_name = "msar-export"
     from .. import __version__
@@ -184,6 +215,7 @@ def export_model(model, out: str | os.PathLike, opts: ExportOptions = ExportOpti
         onnx_model = trace_to_ir(model, opts)
     counts = attach_functions(onnx_model, model.cfg, opts.opset)
     name_dims(onnx_model)
+    name_hidden_states(onnx_model, model.cfg.n_sublayers)
     describe(onnx_model, model.cfg, opts, source_name)
     size = save_model(onnx_model, out)
     report = ExportReport(out, opts, counts, sum(p.numel() for p in model.parameters()), size,

@@ -140,12 +140,20 @@ class MSARLM(nn.Module):
         logits, _ = self.run(input_ids)
         return logits
 
-    def run(self, input_ids, attention_mask=None, position_ids=None, cache: DecodeCache | None = None, path_cls=None):
+    def forward_with_hidden(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits and the mixer outputs h_1 .. h_{L+1} (the per-layer parity targets)."""
+        hidden: list[torch.Tensor] = []
+        logits, _ = self.run(input_ids, hidden=hidden)
+        return logits, hidden
+
+    def run(self, input_ids, attention_mask=None, position_ids=None, cache: DecodeCache | None = None, path_cls=None,
+            hidden: list | None = None):
         """One pass over T new tokens after `cache` (None: sequence start).
 
         attention_mask (B, past+T) marks real tokens (left padding is 0);
         path_cls picks how sources reach the mixers (the exporter swaps in
-        custom-op paths); returns logits (B,T,vocab) and the extended cache."""
+        custom-op paths); `hidden`, if given, receives every mixer output h_l;
+        returns logits (B,T,vocab) and the extended cache."""
         cfg = self.cfg
         B, T = input_ids.shape
         past = 0 if cache is None else cache.past_len
@@ -161,6 +169,8 @@ class MSARLM(nn.Module):
         for l in range(1, cfg.n_sublayers + 2):
             path.add_source(l - 1, x)
             h = path.mix(l).to(self.dtype)
+            if hidden is not None:
+                hidden.append(h)
             if l > cfg.n_sublayers:
                 break
             layer = self.layers[str(l)]
