@@ -1,0 +1,133 @@
+"""ONNX Runtime sessions over exported graphs, with `generate()` on the decode graph.
+
+Execution providers: whatever is installed, CUDA first when `onnxruntime-gpu`
+is present, CPU otherwise."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import MSARConfig
+from .errors import OnnxModelError
+from .model.generate import check_token_batch, pick_next, positions_from_mask
+
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": None}
+
+
+def default_providers() -> list[str]:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    preferred = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return [p for p in preferred if p in available] or available
+
+
+def open_session(path: str | os.PathLike, providers: list[str] | None = None, threads: int | None = None,
+                 optimization: str = "all"):
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise OnnxModelError(f"{path}: no such ONNX file")
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[optimization]
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), opts, providers=providers or default_providers())
+    except Exception as e:  # ORT raises its own Fail/InvalidGraph/... types for unreadable files
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OnnxModelError(f"{path}: ONNX Runtime cannot load this file ({msg[:300]})") from None
+
+
+def config_of(session, path) -> MSARConfig:
+    meta = session.get_modelmeta().custom_metadata_map
+    if "msar.config" not in meta:
+        raise OnnxModelError(f"{path}: no msar.config metadata; export it with `msar-export export`")
+    return MSARConfig.from_json(meta["msar.config"])
+
+
+class OrtModel:
+    """The prefill graph: input_ids -> logits."""
+
+    def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all"):
+        self.path = Path(path)
+        self.session = open_session(path, providers, threads, optimization)
+        self.cfg = config_of(self.session, path)
+
+    def logits(self, input_ids) -> np.ndarray:
+        ids = torch.as_tensor(input_ids)
+        check_token_batch(ids, None, self.cfg.vocab_size, self.cfg.max_seq_len)
+        return self.session.run(["logits"], {"input_ids": ids.long().numpy()})[0]
+
+
+class OrtDecoder:
+    """The decode graph: prefill with an empty cache, then one token per step."""
+
+    def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all"):
+        self.path = Path(path)
+        self.session = open_session(path, providers, threads, optimization)
+        self.cfg = config_of(self.session, path)
+        names = [i.name for i in self.session.get_inputs()]
+        if "past_key_values.0.key" not in names:
+            raise OnnxModelError(f"{path}: not a decode graph (no past_key_values inputs); export it with --decode")
+        self.input_names = names
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        kv_type = self.session.get_inputs()[names.index("past_key_values.0.key")].type
+        if ORT_DTYPES.get(kv_type) is None:
+            raise OnnxModelError(f"{path}: cache dtype {kv_type} cannot be fed from numpy; use a float32 or float16 export")
+        self.cache_dtype = ORT_DTYPES[kv_type]
+
+    def empty_cache(self, batch: int) -> dict[str, np.ndarray]:
+        c = self.cfg
+        feeds = {}
+        for k in range(c.n_blocks):
+            for part in ("key", "value"):
+                feeds[f"past_key_values.{k}.{part}"] = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), self.cache_dtype)
+        if c.residual == "msar":
+            feeds["past_conv_state"] = np.zeros((c.n_sublayers + 1, batch, c.kmax - 1, c.d_model), self.cache_dtype)
+        return feeds
+
+    def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+             cache: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        feeds = {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64),
+                 "position_ids": position_ids.astype(np.int64), **cache}
+        outs = dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+        new = {n.replace("present.", "past_key_values.").replace("present_conv", "past_conv"): v
+               for n, v in outs.items() if n != "logits"}
+        return outs["logits"], new
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None) -> torch.Tensor:
+        """Same contract as `msar_export.generate` (left-padded batches)."""
+        ids = torch.as_tensor(input_ids)
+        mask = None if attention_mask is None else torch.as_tensor(attention_mask)
+        check_token_batch(ids, mask, self.cfg.vocab_size, self.cfg.max_seq_len, max_new_tokens)
+        ids = ids.long()
+        B = ids.shape[0]
+        mask = torch.ones_like(ids) if mask is None else mask.long()
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        positions = positions_from_mask(mask)
+        logits, cache = self.step(ids.numpy(), mask.numpy(), positions.numpy(), self.empty_cache(B))
+        out = [ids]
+        for step in range(max_new_tokens):
+            nxt = pick_next(torch.from_numpy(logits[:, -1].astype(np.float32)), do_sample, temperature, top_k, gen)
+            out.append(nxt[:, None])
+            if step == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype)], dim=1)
+            positions = positions[:, -1:] + 1
+            logits, cache = self.step(nxt[:, None].numpy(), mask.numpy(), positions.numpy(), cache)
+        return torch.cat(out, dim=1)
+
+
+__all__ = ["OrtModel", "OrtDecoder", "open_session", "default_providers"]
