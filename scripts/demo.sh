@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Set up .venv, reuse (or train) the default checkpoint, and run every stage of
+# the pipeline on it: eager generation, ONNX export (custom ops, decomposed,
+# decode), ONNX Runtime generation, parity check, TensorRT build (skipped
+# without TensorRT).  Outputs go to runs/demo/.
+#   ./scripts/demo.sh            reuse checkpoints/default (committed)
+#   ./scripts/demo.sh --retrain  train the three residual kinds again (~4 min on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup_env.sh
+X=".venv/bin/msar-export"
+CKPT=checkpoints/default
+OUT=runs/demo
+mkdir -p "$OUT"
+
+if [ "${1:-}" = "--retrain" ] || [ ! -f "$CKPT/msar/model.safetensors" ]; then
+    CKPT=runs/default
+    echo "== train (msar, standard, attnres; fixed seed) -> $CKPT"
+    $X train -o "$CKPT"
+fi
+
+echo "== eager generation"
+$X generate "$CKPT/msar" --prompt "def __init__(self" --max-new-tokens 48
+
+echo "== export: msar custom ops (prefill), decomposed, decode graph"
+$X export "$CKPT/msar" -o "$OUT/msar.onnx"
+$X export "$CKPT/msar" -o "$OUT/msar.decomposed.onnx" --decomposed
+$X export "$CKPT/msar" -o "$OUT/msar.decode.onnx" --decode
+
+echo "== ONNX Runtime generation (decode graph)"
+$X generate --onnx "$OUT/msar.decode.onnx" --prompt "def __init__(self" --max-new-tokens 48
+
+if $X --help | grep -q " check "; then
+    echo "== parity check: eager vs ONNX Runtime (vs TensorRT when installed), per layer"
+    $X check "$CKPT/msar" --onnx "$OUT/msar.onnx" --report "$OUT/report"
+fi
+
+if $X --help | grep -q " build "; then
+    echo "== TensorRT engine build"
+    if .venv/bin/python -c "import tensorrt" >/dev/null 2>&1; then
+        $X build "$OUT/msar.onnx" -o "$OUT/msar.plan"
+    else
+        echo "skipped: TensorRT is not installed here (import tensorrt fails); see docs/tensorrt.md"
+    fi
+fi
+echo "== done: outputs in $OUT"
