@@ -14,6 +14,12 @@ from .errors import InputError, MsarError
 
 DTYPES = ("float32", "float16", "bfloat16")
 
+# Modules that add their own subcommands: each has `register(subparsers)`,
+# imports nothing heavy at module level and sets `func` on its parser.
+REGISTRARS: tuple[str, ...] = (
+    "msar_export.compare.cli",
+)
+
 
 def _torch_dtype(name: str):
     import torch
@@ -72,9 +78,16 @@ def cmd_export(a) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are bad input too: one line on stderr, exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="msar-export", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = _Parser(prog="msar-export", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     t = sub.add_parser("train", help="train the default byte-level models (msar, standard, attnres) on stdlib sources")
     t.add_argument("-o", "--out", default="runs/default", help="output directory (one checkpoint per kind)")
@@ -107,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime vs eager check after export")
     e.add_argument("--trust-pickle", action="store_true")
     e.set_defaults(func=cmd_export)
+
+    import importlib
+
+    for mod in REGISTRARS:
+        importlib.import_module(mod).register(sub)
     return p
 
 

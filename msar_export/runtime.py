@@ -30,9 +30,10 @@ def open_session(path: str | os.PathLike, providers: list[str] | None = None, th
                  optimization: str = "all"):
     import onnxruntime as ort
 
+    from .onnx_file import inspect_onnx
+
     path = Path(path)
-    if not path.is_file():
-        raise OnnxModelError(f"{path}: no such ONNX file")
+    inspect_onnx(path)
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
