@@ -18,6 +18,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 # imports nothing heavy at module level and sets `func` on its parser.
 REGISTRARS: tuple[str, ...] = (
     "msar_export.compare.cli",
+    "msar_export.build.cli",
+    "msar_export.serving.cli",
 )
 
 
@@ -72,7 +74,7 @@ def cmd_generate(a) -> int:
 def cmd_export(a) -> int:
     from .export import ExportOptions, export_checkpoint
 
-    opts = ExportOptions(decode=a.decode, decomposed=a.decomposed, dtype=a.dtype, opset=a.opset)
+    opts = ExportOptions(decode=a.decode, decomposed=a.decomposed, dtype=a.dtype, opset=a.opset, mixer_op=a.mixer_op)
     report = export_checkpoint(a.checkpoint, a.output, opts, trust_pickle=a.trust_pickle, validate=not a.no_validate)
     print(report.summary())
     return 0
@@ -117,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--decomposed", action="store_true", help="standard ONNX ops only, no msar custom nodes")
     e.add_argument("--dtype", choices=DTYPES, default="float32")
     e.add_argument("--opset", type=int, default=18)
+    e.add_argument("--mixer-op", choices=("fused", "retrieval"), default="fused",
+                   help="msar prefill: FusedMixer nodes (TensorRT plugin path) or shared views + DepthRetrieval "
+                        "nodes (faster in ONNX Runtime)")
     e.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime vs eager check after export")
     e.add_argument("--trust-pickle", action="store_true")
     e.set_defaults(func=cmd_export)

@@ -40,7 +40,8 @@ def exported(ckpts, tmp_path_factory):
         key = (ckpt, variant)
         if key not in cache:
             opts = {"prefill": ExportOptions(), "decomposed": ExportOptions(decomposed=True),
-                    "decode": ExportOptions(decode=True), "fp16": ExportOptions(dtype="float16")}[variant]
+                    "decode": ExportOptions(decode=True), "fp16": ExportOptions(dtype="float16"),
+                    "retrieval": ExportOptions(mixer_op="retrieval")}[variant]
             path = root / f"{ckpt}-{variant}.onnx"
             report = export_checkpoint(ckpts[ckpt], path, opts, validate=True)
             assert report.validation.passed, report.summary()
@@ -69,10 +70,10 @@ def ort_decode_logits(path, ids: torch.Tensor, prefill: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("ckpt", ["msar", "attnres", "standard", "trained"])
-@pytest.mark.parametrize("variant", ["prefill", "decomposed"])
+@pytest.mark.parametrize("variant", ["prefill", "decomposed", "retrieval"])
 def test_prefill_graph_matches_float64_reference(ckpts, exported, ckpt, variant):
-    if variant == "decomposed" and ckpt in ("attnres", "standard"):
-        pytest.skip("decomposed export of attnres/standard is covered by the msar cases (same code path)")
+    if variant != "prefill" and ckpt in ("attnres", "standard"):
+        pytest.skip("decomposed / mixer-op export of attnres/standard is the msar cases' code path")
     cfg = load_cfg(ckpts[ckpt])
     ids = ids_for(cfg, 3, 23)  # traced at (2, 5)
     got = OrtModel(exported(ckpt, variant)).logits(ids)
@@ -137,6 +138,7 @@ def _msar_nodes(path):
 
 
 @pytest.mark.parametrize("ckpt,variant,op", [("msar", "prefill", "FusedMixer"), ("msar", "decode", "DepthRetrieval"),
+                                             ("msar", "retrieval", "DepthRetrieval"),
                                              ("attnres", "prefill", "DepthRetrieval")])
 def test_custom_nodes_carry_plugin_attributes_and_function_bodies(ckpts, exported, ckpt, variant, op):
     m, nodes = _msar_nodes(exported(ckpt, variant))

@@ -105,6 +105,19 @@ def test_each_stream_normalises_on_its_own():
     assert torch.allclose(zc, const[0], atol=1e-6)
 
 
+def test_scores_once_per_source_equal_the_retrieval_equation():
+    """The model's fast path (scores of a source against all later mixers at
+    once) computes exactly depth_retrieval's q . RMSNorm(x) softmax sum."""
+    from msar_export.model.mixing import retrieval_scores, weighted_depth_sum
+
+    n, m, d = 5, 3, 16
+    views = [torch.randn(2, 7, m, d) * (i + 1) for i in range(n)]
+    q = torch.randn(m, d)
+    ref = depth_retrieval(q, torch.stack(views), rms_normalize(torch.stack(views), 1e-6))
+    scores = torch.stack([retrieval_scores(v, q[None], 1e-6)[0] for v in views])
+    assert torch.allclose(weighted_depth_sum(torch.softmax(scores, 0), views), ref, atol=1e-5)
+
+
 def test_zero_query_is_uniform_depth_average():
     views = torch.randn(5, 2, 3, 2, 6)
     z = depth_retrieval(torch.zeros(2, 6), views, rms_normalize(views, 1e-6))

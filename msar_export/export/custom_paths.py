@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from ..model.lm import DepthPath, EagerDepthPath
-from ..model.mixing import stream_fusion
 from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
 PLUGIN_ATTRS = {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}
@@ -63,7 +62,4 @@ class RetrievalOpPath(EagerDepthPath):
 
     def mix(self, l):
         mixer, cfg = self.model.mixers[str(l)], self.model.cfg
-        z = depth_retrieval_op(mixer.query, self.views, cfg.mixer_eps)
-        if not mixer.gated:
-            return z[:, :, 0]
-        return stream_fusion(z, mixer.gate.weight, mixer.gate.bias, mixer.gate_scale)
+        return mixer.fuse(depth_retrieval_op(mixer.query, self.views, cfg.mixer_eps))

@@ -31,8 +31,15 @@ class ExportOptions:
     decomposed: bool = False
     dtype: str = "float32"
     opset: int = 18
+    # msar prefill: "fused" = one FusedMixer node per mixer (views recomputed from
+    # raw sources inside the op: the TensorRT plugin's fast path); "retrieval" =
+    # views expanded once per source in standard ops + DepthRetrieval nodes
+    # (faster in ONNX Runtime, whose inlined function bodies cannot share work).
+    mixer_op: str = "fused"
 
     def __post_init__(self):
+        if self.mixer_op not in ("fused", "retrieval"):
+            raise InputError(f"--mixer-op must be fused or retrieval, got {self.mixer_op!r}")
         if self.dtype not in DTYPES:
             raise InputError(f"--dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if not 18 <= self.opset <= 23:
@@ -53,6 +60,8 @@ class ExportReport:
     def summary(self) -> str:
         ops = ", ".join(f"{DOMAIN}::{k} x{v}" for k, v in sorted(self.custom_ops.items())) or "none"
         kind = ("decode" if self.options.decode else "prefill") + (", decomposed" if self.options.decomposed else "")
+        if self.custom_ops and not self.options.decode:
+            kind += f", mixer-op {self.options.mixer_op}"
         lines = [
             f"exported {self.path} ({kind}, {self.options.dtype}, opset {self.options.opset})",
             f"  custom ops: {ops}",
@@ -73,7 +82,7 @@ def peak_rss_mb() -> float:
 def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
     """Run torch.onnx (dynamo) on the prefill or decode graph of `model`."""
     graph_cls = DecodeGraph if opts.decode else PrefillGraph
-    module = graph_cls(model, custom_ops=not opts.decomposed).eval()
+    module = graph_cls(model, custom_ops=not opts.decomposed, fused=opts.mixer_op == "fused").eval()
     if opts.decode:
         in_names, out_names = decode_io_names(model.cfg)
     else:
@@ -116,7 +125,7 @@ def attach_functions(model: ir.Model, cfg, opset: int) -> dict[str, int]:
         if key in model.functions:
             continue
         if node.op_type == "FusedMixer":
-            fn = fused_mixer_function(n, list(cfg.stream_kernels), cfg.mixer_eps, opset)
+            fn = fused_mixer_function(n, list(cfg.stream_kernels), cfg.mixer_eps, cfg.d_model, opset)
         else:
             fn = depth_retrieval_function(n, cfg.mixer_eps, opset)
         model.functions[key] = fn
@@ -178,6 +187,7 @@ def describe(model: ir.Model, cfg, opts: ExportOptions, source_name: str) -> Non
         "msar.graph": "decode" if opts.decode else "prefill",
         "msar.decomposed": str(opts.decomposed).lower(),
         "msar.dtype": opts.dtype,
+        "msar.mixer_op": "none" if opts.decomposed else opts.mixer_op,
         "msar.checkpoint": source_name,
     })
 

@@ -49,16 +49,12 @@ def _retrieve(b: _Body, query, views, eps):
     return b.ReduceSum(b.Mul(b.Unsqueeze(alpha, b.ints([-1])), V), b.ints([0]), keepdims=0)
 
 
-def _causal_conv(b: _Body, x, taps, offset: int, k: int):
-    """x (B,T,d) float32, taps (d,K) float32 -> sum_j x_{t-(k-1-j)} * taps[:, offset+j]."""
-    xp = b.Pad(x, b.ints([0, k - 1, 0, 0, 0, 0]))  # zeros before the sequence start
-    out = None
-    for j in range(k):
-        end = -(k - 1 - j) if j < k - 1 else 2**62  # window position j .. j+T
-        window = b.Slice(xp, b.ints([j]), b.ints([end]), b.ints([1]))
-        term = b.Mul(window, b.Gather(taps, b.int_(offset + j), axis=1))
-        out = term if out is None else b.Add(out, term)
-    return out
+def _causal_conv(b: _Body, xt, taps, offset: int, k: int, d: int):
+    """xt (B,d,T) float32, taps (d,K) -> stream view (B,T,d): a depthwise Conv
+    over the k taps taps[:, offset:offset+k] (Conv1d order), left-padded by k-1."""
+    w = b.Unsqueeze(b.Slice(taps, b.ints([offset]), b.ints([offset + k]), b.ints([1])), b.ints([1]))  # (d, 1, k)
+    y = b.Conv(xt, w, group=d, kernel_shape=[k], pads=[k - 1, 0])  # zeros before the sequence start
+    return b.Transpose(y, perm=[0, 2, 1])
 
 
 def _inputs(names):
@@ -86,8 +82,9 @@ def depth_retrieval_function(n: int, eps: float, opset: int) -> ir.Function:
     return _function(DEPTH_RETRIEVAL, n, ins, [out], b, _common_attrs(eps), opset)
 
 
-def fused_mixer_function(n: int, stream_kernels: list[int], eps: float, opset: int) -> ir.Function:
-    """Body for `n` sources; the kernel list shapes the body, so it is part of the overload."""
+def fused_mixer_function(n: int, stream_kernels: list[int], eps: float, d: int, opset: int) -> ir.Function:
+    """Body for `n` sources of width `d` (Conv's `group` is static); kernels and
+    width are fixed for a model, so one overload per source count suffices."""
     ins = _inputs(["query", "gate_weight", "gate_bias", "gate_scale", "conv_weight"] + [f"sources_{i}" for i in range(n)])
     query_in, gw_in, gb_in, gs_in, conv_in, *sources = ins
     b = _Body()
@@ -96,9 +93,10 @@ def fused_mixer_function(n: int, stream_kernels: list[int], eps: float, opset: i
     for i, x in enumerate(sources):
         xf = b.Cast(x, to=FLOAT)
         taps = b.Gather(conv, b.int_(i), axis=0)  # (d, K): source i's taps
+        xt = b.Transpose(xf, perm=[0, 2, 1])  # (B, d, T), channels first for Conv
         streams, offset = [xf], 0
         for k in stream_kernels[1:]:
-            streams.append(_causal_conv(b, xf, taps, offset, k))
+            streams.append(_causal_conv(b, xt, taps, offset, k, d))
             offset += k
         views.append(b.Concat(*[b.Unsqueeze(s, b.ints([2])) for s in streams], axis=2))  # (B, T, m, d)
     z = _retrieve(b, b.Cast(query_in, to=FLOAT), views, b.ref_float("eps"))

@@ -25,18 +25,19 @@ def decode_io_names(cfg) -> tuple[list[str], list[str]]:
 
 
 class _Graph(nn.Module):
-    def __init__(self, model, custom_ops: bool):
+    def __init__(self, model, custom_ops: bool, fused: bool = True):
         super().__init__()
         self.model = model
         self.custom_ops = custom_ops and model.cfg.residual != "standard"
-        if self.custom_ops and model.cfg.residual == "msar":
+        self.fused = fused
+        if self.custom_ops and fused and model.cfg.residual == "msar":
             # One initializer shared by every FusedMixer node; each reads its first n rows.
             self.register_buffer("conv_bank", pack_conv_weights(model).detach().clone())
 
     def path_cls(self, prefill: bool):
         if not self.custom_ops:
             return None
-        if prefill and self.model.cfg.residual == "msar":
+        if prefill and self.fused and self.model.cfg.residual == "msar":
             return functools.partial(FusedMixerPath, conv_bank=self.conv_bank)
         return RetrievalOpPath
 

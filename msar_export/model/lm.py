@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import MSARConfig
-from .layers import AttentionSublayer, MLPSublayer, RMSNorm, rms_normalize, rotary_cos_sin
-from .mixing import DepthMixer, SourceExpansion
+from .layers import AttentionSublayer, MLPSublayer, RMSNorm, rotary_cos_sin
+from .mixing import DepthMixer, SourceExpansion, retrieval_scores, weighted_depth_sum
 
 
 @dataclass
@@ -78,12 +78,16 @@ class ResidualSumPath(DepthPath):
 
 class EagerDepthPath(DepthPath):
     """`attnres` / `msar`: expand each source once into its views, then each
-    mixer retrieves over the views of all earlier sources."""
+    mixer retrieves over the views of all earlier sources.
+
+    The scores q_l^(r) . RMSNorm(x_i^(r)) of source i against every later
+    mixer l are computed once, when the source appears (one matmul), so a
+    mixer only reads each earlier view once, for the weighted sum."""
 
     def __init__(self, model, history, source_mask):
         super().__init__(model, history, source_mask)
         self.views: list[torch.Tensor] = []
-        self.keys: list[torch.Tensor] = []
+        self.scores: list[torch.Tensor] = []  # source i: (L+1-i, B, T, m) for mixers i+1..L+1
 
     def expand(self, i, x):
         """Source i -> its views (B, T, m, d) float32, recording the conv state."""
@@ -96,11 +100,15 @@ class EagerDepthPath(DepthPath):
         return m.sources[str(i)](x, hist)
 
     def add_source(self, i, x):
-        self.views.append(self.expand(i, x))
-        self.keys.append(rms_normalize(self.views[-1], self.model.cfg.mixer_eps))
+        views = self.expand(i, x)
+        self.views.append(views)
+        queries = self.model.queries_from(i + 1)  # (n_later, m, d)
+        self.scores.append(retrieval_scores(views, queries, self.model.cfg.mixer_eps))
 
     def mix(self, l):
-        return self.model.mixers[str(l)](self.views, self.keys)
+        scores = torch.stack([s[l - 1 - i] for i, s in enumerate(self.scores)])  # (l, B, T, m)
+        z = weighted_depth_sum(torch.softmax(scores, dim=0), self.views)
+        return self.model.mixers[str(l)].fuse(z)
 
 
 class MSARLM(nn.Module):
@@ -126,6 +134,10 @@ class MSARLM(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
+
+    def queries_from(self, first: int) -> torch.Tensor:
+        """Pseudo-queries of mixers first..L+1, stacked: (L+2-first, m, d)."""
+        return torch.stack([self.mixers[str(j)].query for j in range(first, self.cfg.n_sublayers + 2)])
 
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.cfg.tie_embeddings else self.lm_head.weight

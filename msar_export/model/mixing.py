@@ -62,6 +62,22 @@ def depth_retrieval(query: torch.Tensor, views: torch.Tensor, keys: torch.Tensor
     return (alpha.unsqueeze(-1) * views).sum(0)
 
 
+def retrieval_scores(views: torch.Tensor, queries: torch.Tensor, eps: float) -> torch.Tensor:
+    """Scores of one source against several mixers' queries at once.
+
+    views (B,T,m,d), queries (Q,m,d) -> (Q,B,T,m) = q^(r) . RMSNorm(x^(r)),
+    written as (q . x) / rms(x) so the view is read once for all Q mixers."""
+    B, T, m, d = views.shape
+    rinv = torch.rsqrt(views.pow(2).mean(-1) + eps)  # (B, T, m)
+    qx = torch.matmul(views.permute(2, 0, 1, 3).reshape(m, B * T, d), queries.float().permute(1, 2, 0))  # (m, BT, Q)
+    return qx.permute(2, 1, 0).reshape(-1, B, T, m) * rinv
+
+
+def weighted_depth_sum(alpha: torch.Tensor, views: list[torch.Tensor]) -> torch.Tensor:
+    """z^(r) = sum_i alpha_i^(r) x_i^(r); alpha (n,B,T,m), views n x (B,T,m,d)."""
+    return (alpha.unsqueeze(-1) * torch.stack(views)).sum(0)
+
+
 def stream_fusion(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """g = sigmoid(a * (flat(Z) W) + b), one scalar per stream; h = sum_r g^(r) z^(r).
 
@@ -72,7 +88,8 @@ def stream_fusion(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, sca
 
 
 class DepthMixer(nn.Module):
-    """Mixer l: builds h_l from the views of sources x_0..x_{l-1}.
+    """Mixer l's parameters and its stream fusion; the retrieval over the
+    views of x_0..x_{l-1} is `depth_retrieval` (done by the model's depth path).
 
     `attnres` is one identity stream without a gate; `msar` fuses m streams."""
 
@@ -84,9 +101,8 @@ class DepthMixer(nn.Module):
             self.gate = nn.Linear(n_streams * d, n_streams)
             self.gate_scale = nn.Parameter(torch.ones(()))
 
-    def forward(self, views: list[torch.Tensor], keys: list[torch.Tensor]) -> torch.Tensor:
-        """views, keys = RMSNorm(views): l tensors (B,T,m,d) float32 -> h (B,T,d) float32."""
-        z = depth_retrieval(self.query, torch.stack(views, dim=0), torch.stack(keys, dim=0))
+    def fuse(self, z: torch.Tensor) -> torch.Tensor:
+        """z (B,T,m,d) retrieved streams, float32 -> h (B,T,d) float32."""
         if not self.gated:
             return z[:, :, 0]
         return stream_fusion(z, self.gate.weight, self.gate.bias, self.gate_scale)

@@ -1,0 +1,24 @@
+"""Numerical parity checks: eager PyTorch vs ONNX Runtime vs TensorRT, layer by layer.
+
+`check_parity(checkpoint, onnx, ...)` returns a `ParityResult`; `msar-export check`
+is the command line over it.  Heavy modules (torch, polygraphy) load on first use.
+"""
+
+from __future__ import annotations
+
+from .tolerances import PRESETS, Tolerance
+
+__all__ = ["PRESETS", "Tolerance", "check_parity", "ParityResult", "BackendResult", "LayerResult", "write_report",
+           "print_report"]
+
+
+def __getattr__(name):
+    if name in ("check_parity", "ParityResult", "BackendResult", "LayerResult"):
+        from . import parity
+
+        return getattr(parity, name)
+    if name in ("write_report", "print_report"):
+        from . import report
+
+        return getattr(report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,58 @@
+"""`msar-export check`: numerical parity of an exported graph (and engine) with its checkpoint."""
+
+from __future__ import annotations
+
+import sys
+
+from .tolerances import PRECISIONS, PRESETS
+
+EPILOG = f"""\
+Exit status: 0 every backend within tolerance, 1 a mismatch (the report names the
+first bad layer), 2 bad input (missing file, not ONNX, graph from another model).
+
+The metric per output (h_1 .. h_{{L+1}}, logits) is max|backend - eager| / max|eager|
+over all batches; NaN or Inf always fails.  Presets: {', '.join(f'{k} {v.hidden:.0e}' for k, v in PRESETS.items())}
+(see docs/parity.md).  TensorRT runs when `import tensorrt` works: from --engine,
+or built from the graph with every hidden.{{l}} marked as an output.
+"""
+
+
+def register(subparsers) -> None:
+    import argparse
+
+    p = subparsers.add_parser(
+        "check", help="parity check: eager PyTorch vs ONNX Runtime (vs TensorRT), layer by layer",
+        description=__doc__.splitlines()[0], epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="checkpoint directory the graph was exported from (the reference)")
+    p.add_argument("--onnx", required=True, metavar="MODEL.onnx", help="prefill graph from `msar-export export`")
+    p.add_argument("--engine", metavar="MODEL.plan", help="serialised TensorRT engine to check as well")
+    p.add_argument("--plugins", nargs="+", default=[], metavar="LIB.so", help="TensorRT plugin libraries to load")
+    p.add_argument("--no-trt", action="store_true", help="do not run TensorRT even if it is installed")
+    p.add_argument("--dtype", choices=PRECISIONS, default=None,
+                   help="precision TensorRT runs in (an engine built with --fp16: float16); picks its tolerance "
+                        "preset. Default and floor: the graph's msar.dtype, which ONNX Runtime is always held to")
+    p.add_argument("--tol", type=float, default=None, help="override the preset tolerance (same metric)")
+    p.add_argument("--shapes", default=None, metavar="BxT,...",
+                   help="token batch shapes (default: 1x(kmax+5),2x37,3x64 within max_seq_len)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the token batches")
+    p.add_argument("--report", metavar="DIR", help="write parity.json, parity.png, summary.txt and the golden files "
+                                                   "inputs.json / golden.json (Polygraphy formats) here")
+    p.add_argument("--trust-pickle", action="store_true", help="allow model.pt/.bin checkpoints")
+    p.add_argument("--verbose", action="store_true", help="show Polygraphy's own log")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(a) -> int:
+    from .inputs import parse_shapes
+    from .parity import check_parity
+    from .report import print_report
+
+    shapes = parse_shapes(a.shapes) if a.shapes else None
+    result = check_parity(a.checkpoint, a.onnx, engine=a.engine, plugins=a.plugins, dtype=a.dtype, tol=a.tol,
+                          shapes=shapes, seed=a.seed, report_dir=a.report, tensorrt=not a.no_trt,
+                          trust_pickle=a.trust_pickle, verbose=a.verbose,
+                          progress=lambda msg: print(f"msar-export check: {msg}", file=sys.stderr, flush=True))
+    print_report(result)
+    if a.report:
+        print(f"report: {a.report}/ (parity.json, parity.png, summary.txt, inputs.json, golden.json)")
+    return result.exit_code

@@ -1,0 +1,73 @@
+"""Seeded token batches for a parity check."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from ..errors import InputError
+from ..runners.common import INPUT_NAME
+
+# Batch sizes and lengths unlike the export's tracing inputs (2, 5): a graph that
+# specialised a dynamic dimension fails here instead of passing by luck.
+DEFAULT_BATCHES = (1, 2, 3)
+DEFAULT_LENGTHS = (None, 37, 64)  # None: kmax + 5, one full conv window plus a few tokens
+
+
+def default_shapes(cfg) -> list[tuple[int, int]]:
+    """(1, kmax+5), (2, 37), (3, 64), clipped to max_seq_len (duplicates dropped)."""
+    shapes = []
+    for b, t in zip(DEFAULT_BATCHES, DEFAULT_LENGTHS):
+        t = cfg.kmax + 5 if t is None else t
+        shape = (b, min(t, cfg.max_seq_len))
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'1x17,2x37' -> [(1, 17), (2, 37)]."""
+    shapes = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        try:
+            b, t = (int(x) for x in part.split("x"))
+        except ValueError:
+            raise InputError(f"--shapes: {part!r} is not BATCHxSEQ (e.g. 2x37)") from None
+        shapes.append((b, t))
+    if not shapes:
+        raise InputError("--shapes is empty; give e.g. 1x17,2x37,3x64")
+    return shapes
+
+
+def check_shapes(shapes, cfg) -> list[tuple[int, int]]:
+    shapes = [tuple(int(x) for x in s) for s in shapes]
+    if not shapes:
+        raise InputError("no input shapes given; give at least one BATCHxSEQ")
+    for b, t in shapes:
+        if b < 1 or t < 1:
+            raise InputError(f"input shape {b}x{t}: batch and sequence must be at least 1")
+        if t > cfg.max_seq_len:
+            raise InputError(f"input shape {b}x{t}: sequence length exceeds the checkpoint's max_seq_len={cfg.max_seq_len}")
+    need = cfg.kmax + 1
+    if max(t for _, t in shapes) < need:
+        raise InputError(
+            f"input shapes {['%dx%d' % s for s in shapes]} are all shorter than {need} tokens; at least one must "
+            f"cover the largest conv window (kmax={cfg.kmax}) plus one token"
+        )
+    return shapes
+
+
+def token_batches(cfg, shapes, seed: int = 0) -> list[OrderedDict]:
+    """One feed dict {input_ids: int64 [B, T]} per shape, drawn uniformly from the
+    vocabulary; the last batch also holds token 0 and token vocab-1 (the table's edges)."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for b, t in shapes:
+        ids = rng.integers(0, cfg.vocab_size, size=(b, t), dtype=np.int64)
+        feeds.append(OrderedDict([(INPUT_NAME, ids)]))
+    last = feeds[-1][INPUT_NAME]
+    last.flat[0] = 0
+    last.flat[-1] = cfg.vocab_size - 1
+    return feeds

@@ -1,0 +1,339 @@
+"""Layer-by-layer parity: eager PyTorch (the reference) vs ONNX Runtime vs TensorRT.
+
+Every backend runs the same seeded token batches through Polygraphy's
+`Comparator.run`; `Comparator.compare_accuracy` with a `SimpleCompareFunc`
+(per-output `atol = tolerance * max|reference|`, `rtol = 0`, `max` statistic)
+gives each output's verdict, and this module adds what Polygraphy does not:
+NaN/Inf always fail, no output or batch may go missing unnoticed, and the
+first layer (in depth order h_1 .. h_{L+1}, logits) that fails is named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import BackendUnavailable, InputError, MsarError
+from ..runners.common import layer_index, layer_order, output_names
+from .inputs import check_shapes, default_shapes, token_batches
+from .preflight import GraphInfo, check_engine_path, inspect_onnx
+from .tolerances import Tolerance, looser, preset
+
+REFERENCE = "eager-torch"
+
+
+@dataclass
+class LayerResult:
+    """One output of one backend, over all batches."""
+
+    name: str  # "hidden.3" or "logits"
+    status: str  # "pass" | "fail" | "missing" (not an output of this backend)
+    tolerance: float
+    ref_max_abs: float
+    max_abs: float | None = None  # max |backend - reference|; None when not finite or missing
+    max_rel: float | None = None  # max |backend - reference| / |reference|, elementwise
+    error: float | None = None  # max_abs / ref_max_abs: the metric checked against `tolerance`
+    finite: bool = True
+    reason: str = ""
+
+    @property
+    def layer(self) -> int | None:
+        return layer_index(self.name)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+@dataclass
+class BackendResult:
+    name: str
+    status: str  # "pass" | "fail" | "error" (did not run) | "skipped" (not available)
+    precision: str | None = None
+    tolerance: Tolerance | None = None
+    layers: list[LayerResult] = field(default_factory=list)
+    reason: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    @property
+    def first_bad(self) -> LayerResult | None:
+        """The first layer in depth order whose error exceeds its tolerance (or is not finite)."""
+        return next((r for r in self.layers if r.status == "fail"), None)
+
+    def layer(self, name: str) -> LayerResult:
+        return next(r for r in self.layers if r.name == name)
+
+
+@dataclass
+class ParityResult:
+    checkpoint: str
+    onnx: str
+    engine: str | None
+    shapes: list[tuple[int, int]]
+    seed: int
+    backends: list[BackendResult]
+    layer_names: list[str]
+    feeds: list = field(repr=False, default_factory=list)
+    golden: object = field(repr=False, default=None)  # polygraphy RunResults of the reference
+    report_dir: str | None = None
+    polygraphy_command: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """True only if every backend that ran is within tolerance and at least one ran."""
+        ran = [b for b in self.backends if b.status != "skipped"]
+        return bool(ran) and all(b.passed for b in ran)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def backend(self, name: str) -> BackendResult:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise KeyError(f"no backend {name!r} in this result (have {[b.name for b in self.backends]})")
+
+
+# -- running ---------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def quiet_polygraphy(verbose: bool = False):
+    """Polygraphy logs every step to stdout; the check prints its own report instead."""
+    from polygraphy.logger import G_LOGGER
+
+    if verbose:
+        yield
+        return
+    colors = G_LOGGER.colors
+    G_LOGGER.colors = False  # also skips its "colored is not installed" notice
+    try:
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
+            yield
+    finally:
+        G_LOGGER.colors = colors
+
+
+def run_runner(runner, feeds, verbose: bool = False) -> list:
+    """Comparator.run over one runner -> its list of IterationResult (one per feed)."""
+    from polygraphy.comparator import Comparator
+
+    with quiet_polygraphy(verbose):
+        results = Comparator.run([runner], data_loader=feeds)
+    return list(results[runner.name])
+
+
+def run_backend(runner, feeds, verbose: bool = False):
+    """Like run_runner, but a backend that fails to build or run is a verdict, not a crash."""
+    t0 = time.perf_counter()
+    try:
+        return run_runner(runner, feeds, verbose), "", time.perf_counter() - t0
+    except MsarError:
+        raise
+    except Exception as e:  # ONNX Runtime / TensorRT / Polygraphy errors: the backend did not produce outputs
+        text = " ".join(str(e).split()) or type(e).__name__
+        return None, f"{type(e).__name__}: {text[:400]}", time.perf_counter() - t0
+
+
+# -- comparing -------------------------------------------------------------------------
+
+def to_f64(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor (TrtRunner may hand those back)
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x).astype(np.float64)
+
+
+def _exact_output(name, index, iter_result):
+    """Polygraphy's default matching falls back to substrings and positions
+    ('hidden.1' would match 'hidden.10'); a parity check compares names exactly."""
+    return [name] if name in iter_result else None
+
+
+def reference_scales(ref_iters, names) -> dict[str, float]:
+    """max |reference| per output over all batches: the metric's denominator."""
+    return {n: max(float(np.max(np.abs(to_f64(it[n])))) for it in ref_iters) for n in names}
+
+
+def polygraphy_verdicts(ref_iters, got_iters, backend: str, atol: dict[str, float], verbose: bool = False):
+    """Per output: did Polygraphy's SimpleCompareFunc pass it in every batch?"""
+    from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
+
+    runs = RunResults()
+    runs.append((REFERENCE, ref_iters))
+    runs.append((backend, got_iters))
+    func = SimpleCompareFunc(atol=atol, rtol=0.0, check_error_stat="max", find_output_func=_exact_output)
+    with quiet_polygraphy(verbose), np.errstate(all="ignore"):  # NaN/Inf are judged below, not warned about
+        acc = Comparator.compare_accuracy(runs, compare_func=func)[0]
+    per_iter = acc[(REFERENCE, backend)]
+    if len(per_iter) != len(ref_iters):
+        return {n: False for n in atol}
+    return {n: all(n in it and bool(it[n]) for it in per_iter) for n in atol}
+
+
+def compare_backend(ref_iters, got_iters, names, tol: Tolerance, backend: str, precision: str,
+                    optional: tuple[str, ...] = (), verbose: bool = False) -> BackendResult:
+    """Compare one backend's outputs with the reference's, output by output in depth order.
+
+    names: outputs to compare (depth order). optional: outputs a backend may lack
+    (a user's engine without hidden.{l}); any other missing output fails."""
+    result = BackendResult(backend, "pass", precision, tol)
+    if got_iters is None or len(got_iters) != len(ref_iters):
+        n = 0 if got_iters is None else len(got_iters)
+        result.status, result.reason = "fail", f"returned {n} of {len(ref_iters)} batches"
+        return result
+    scales = reference_scales(ref_iters, names)
+    present = [n for n in names if all(n in it for it in got_iters)]
+    atol = {n: tol.for_output(n) * scales[n] for n in present}
+    verdicts = polygraphy_verdicts(ref_iters, got_iters, backend, atol, verbose) if present else {}
+    for n in names:
+        lr = LayerResult(n, "pass", tol.for_output(n), scales[n])
+        result.layers.append(lr)
+        if n not in present:
+            lr.status = "missing" if n in optional else "fail"
+            lr.reason = f"not an output of {backend}"
+            continue
+        max_abs, max_rel, finite, reason = 0.0, 0.0, True, ""
+        for ref_it, got_it in zip(ref_iters, got_iters):
+            ref, got = to_f64(ref_it[n]), to_f64(got_it[n])
+            finite &= bool(np.isfinite(got).all() and np.isfinite(ref).all())
+            if got.shape != ref.shape:
+                reason = f"shape {list(got.shape)} != reference {list(ref.shape)}"
+                max_abs = max_rel = float("inf")
+                continue
+            diff = np.abs(got - ref)
+            max_abs = max(max_abs, float(np.max(diff)))
+            max_rel = max(max_rel, float(np.max(diff / np.maximum(np.abs(ref), np.finfo(np.float64).tiny))))
+        lr.finite = finite
+        if finite and not reason:
+            lr.max_abs, lr.max_rel = max_abs, max_rel
+            lr.error = max_abs / scales[n] if scales[n] > 0 else (0.0 if max_abs == 0 else float("inf"))
+        ok = finite and not reason and lr.error <= lr.tolerance and verdicts.get(n, False)
+        if not ok:
+            lr.status = "fail"
+            lr.reason = reason or ("NaN or Inf in the output" if not finite else
+                                   f"error {lr.error:.3g} > tolerance {lr.tolerance:.3g}")
+    if any(lr.status == "fail" for lr in result.layers):
+        result.status = "fail"
+    return result
+
+
+def suspect(name: str) -> str:
+    """Where to look when `name` is the first output to differ."""
+    l = layer_index(name)
+    if l is None:
+        return "the head: final_norm or lm_head (every h_l matches)"
+    if l == 1:
+        return "the embedding, mixer 1 (gate) or source 0's conv taps"
+    kind = "attention" if (l - 1) % 2 == 1 else "MLP"
+    return (f"mixer {l} (query, gate), source {l - 1}'s conv taps or sublayer {l - 1} ({kind}); "
+            f"h_1..h_{l - 1} match")
+
+
+# -- the check -------------------------------------------------------------------------
+
+def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engine: str | os.PathLike | None = None,
+                 plugins=(), dtype: str | None = None, tol: float | None = None, shapes=None, seed: int = 0,
+                 report_dir: str | os.PathLike | None = None, tensorrt: bool = True, providers=("cpu",),
+                 trust_pickle: bool = False, progress=None, verbose: bool = False) -> ParityResult:
+    """Compare the ONNX graph (and a TensorRT engine) with the eager checkpoint, layer by layer.
+
+    dtype: the precision TensorRT runs in, which picks its tolerance preset (default
+    and floor: the graph's msar.dtype); ONNX Runtime runs the graph as exported and
+    is held to the preset of the graph's own precision.  tol: override every preset.
+    engine: a serialised engine; without it, and with `tensorrt` true, an engine is
+    built from the graph when `import tensorrt` works.  report_dir: write the JSON,
+    PNG, golden files and the Polygraphy command there.  Bad input raises MsarError.
+    """
+    import torch
+
+    from ..checkpoint import load_checkpoint
+    from ..runners.eager import TorchRunner
+    from ..runners.onnxrt import onnxrt_runner
+    from ..runners.trt import check_plugin_paths, tensorrt_unavailable
+
+    say = progress or (lambda msg: None)
+    if dtype is not None and dtype not in ("float32", "float16", "bfloat16"):
+        raise InputError(f"--dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    if tol is not None and not (tol > 0 and np.isfinite(tol)):
+        raise InputError(f"--tol must be a positive number, got {tol!r}")
+    model = load_checkpoint(checkpoint, dtype=torch.float32, trust_pickle=trust_pickle)
+    cfg = model.cfg
+    graph: GraphInfo = inspect_onnx(onnx, cfg)
+    engine_path = check_engine_path(engine) if engine is not None else None
+    plugins = check_plugin_paths(plugins)
+    if engine_path is not None and not tensorrt:
+        raise InputError("--engine and --no-trt contradict each other; drop one")
+    trt_skip = "--no-trt" if not tensorrt else tensorrt_unavailable()
+    if engine_path is not None and trt_skip is not None:
+        # Asked to check an engine that cannot run here: an error, never a silent skip.
+        raise BackendUnavailable(f"--engine {engine_path}: cannot run a TensorRT engine on this machine ({trt_skip})")
+    shapes = check_shapes(shapes if shapes is not None else default_shapes(cfg), cfg)
+    feeds = token_batches(cfg, shapes, seed)
+    names = output_names(cfg)
+    order = layer_order(cfg)
+
+    say(f"eager-torch: running {len(feeds)} batches {['%dx%d' % s for s in shapes]}")
+    ref_iters = run_runner(TorchRunner(model, name=REFERENCE), feeds, verbose)
+    backends = []
+
+    # ONNX Runtime runs the graph exactly as exported, so its preset is the graph's own
+    # precision; --dtype is the precision TensorRT runs in, never stricter than the graph's.
+    say(f"onnxrt: running {graph.path.name} ({graph.precision})")
+    got, err, secs = run_backend(onnxrt_runner(graph.path, names, providers=providers), feeds, verbose)
+    backends.append(_backend_result("onnxrt", ref_iters, got, err, secs, order, preset(graph.precision, tol),
+                                    graph.precision, (), verbose))
+    trt_precision = looser(dtype or graph.precision, graph.precision)
+    backends.append(_tensorrt(graph, engine_path, plugins, trt_precision, tol, trt_skip, shapes, feeds, ref_iters,
+                              order, names, say, verbose))
+
+    from polygraphy.comparator import RunResults
+
+    golden = RunResults()
+    golden.append((REFERENCE, ref_iters))
+    result = ParityResult(str(checkpoint), str(onnx), None if engine is None else str(engine), shapes, seed, backends,
+                          order, feeds, golden)
+    if report_dir is not None:
+        from .report import write_report
+
+        write_report(result, report_dir)
+    return result
+
+
+def _backend_result(name, ref_iters, got, err, secs, order, tol, precision, optional, verbose) -> BackendResult:
+    if got is None:
+        return BackendResult(name, "error", precision, tol, reason=err, seconds=secs)
+    res = compare_backend(ref_iters, got, order, tol, name, precision, optional, verbose)
+    res.seconds = secs
+    return res
+
+
+def _tensorrt(graph, engine_path, plugins, precision, tol, skip, shapes, feeds, ref_iters, order, names, say, verbose):
+    """skip: why TensorRT does not run here (None: it does).  precision: --dtype,
+    never stricter than the graph's own (an engine from an fp16 graph is fp16)."""
+    from ..runners.trt import trt_runner_from_engine, trt_runner_from_onnx
+
+    if skip is not None:
+        return BackendResult("tensorrt", "skipped", reason=skip)
+    if engine_path is not None:
+        say(f"tensorrt: running engine {engine_path.name}")
+        runner = trt_runner_from_engine(engine_path, plugins)
+        optional = tuple(n for n in order if n != "logits")  # a shipped engine may expose only the logits
+    else:
+        say(f"tensorrt: building an engine from {graph.path.name} ({precision}) with hidden.{{l}} marked")
+        max_shape = (max(b for b, _ in shapes), max(t for _, t in shapes))
+        runner = trt_runner_from_onnx(graph.path, names, precision, max_shape, plugins)
+        optional = ()
+    got, err, secs = run_backend(runner, feeds, verbose)
+    res = _backend_result("tensorrt", ref_iters, got, err, secs, order, preset(precision, tol), precision, optional,
+                          verbose)
+    if res.status == "pass" and any(lr.status == "missing" for lr in res.layers):
+        res.reason = "logits only: the engine has no hidden.{l} outputs, so a failure could not be located"
+    return res

@@ -1,0 +1,105 @@
+"""Everything that makes a parity check meaningless is refused up front, as an
+MsarError (the CLI prints one line and exits 2): a missing file, a file that is
+not ONNX, a graph exported from another model, a graph without `hidden.{l}`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import MSARConfig
+from ..errors import ConfigError, EngineError, OnnxModelError
+from ..runners.common import INPUT_NAME, LOGITS_NAME, hidden_name
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    path: Path
+    cfg: MSARConfig
+    precision: str  # msar.dtype: the precision the graph computes in
+    decomposed: bool
+
+
+def _load_proto(path: Path):
+    import onnx
+
+    if not path.exists():
+        raise OnnxModelError(f"--onnx {path}: no such file")
+    if not path.is_file():
+        raise OnnxModelError(f"--onnx {path}: not a file (give the .onnx file from `msar-export export`)")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OnnxModelError(f"--onnx {path}: not an ONNX model ({first})") from None
+    # Protobuf parses many non-ONNX byte strings (an empty file, for one) into an empty message.
+    if proto.ir_version <= 0 or len(proto.graph.node) == 0:
+        raise OnnxModelError(f"--onnx {path}: not an ONNX model (no graph nodes, ir_version {proto.ir_version})")
+    return proto
+
+
+def _config_diff(graph: MSARConfig, ckpt: MSARConfig) -> list[str]:
+    g, c = graph.to_dict(), ckpt.to_dict()
+    return [f"{k}: graph {g[k]!r} vs checkpoint {c[k]!r}" for k in g if g[k] != c[k]]
+
+
+def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
+    """Check that the graph at `path` is the prefill graph of a model with `ckpt_cfg`."""
+    from ..checkpoint import expected_shapes
+
+    path = Path(path)
+    proto = _load_proto(path)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    if "msar.config" not in meta:
+        raise OnnxModelError(f"--onnx {path}: no msar.config metadata, so it was not exported by msar-export; "
+                             "export the checkpoint with `msar-export export CKPT -o model.onnx`")
+    try:
+        graph_cfg = MSARConfig.from_dict(json.loads(meta["msar.config"]))
+    except (ConfigError, json.JSONDecodeError, TypeError) as e:
+        raise OnnxModelError(f"--onnx {path}: unreadable msar.config metadata ({e})") from None
+    diff = _config_diff(graph_cfg, ckpt_cfg)
+    if diff:
+        raise OnnxModelError(f"--onnx {path} was exported from a different model than this checkpoint "
+                             f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})")
+    if meta.get("msar.graph", "prefill") != "prefill":
+        raise OnnxModelError(f"--onnx {path} is a {meta['msar.graph']} graph; `check` compares the prefill graph "
+                             "(export without --decode)")
+
+    inits = {t.name: t for t in proto.graph.initializer}
+    inputs = [v for v in proto.graph.input if v.name not in inits]
+    if [v.name for v in inputs] != [INPUT_NAME]:
+        raise OnnxModelError(f"--onnx {path}: graph inputs are {[v.name for v in inputs]}, expected ['{INPUT_NAME}']")
+    tt = inputs[0].type.tensor_type
+    if tt.elem_type != 7 or len(tt.shape.dim) != 2:  # 7 = INT64
+        raise OnnxModelError(f"--onnx {path}: input '{INPUT_NAME}' must be int64 [batch, seq]")
+    outs = {v.name: v for v in proto.graph.output}
+    if LOGITS_NAME not in outs:
+        raise OnnxModelError(f"--onnx {path}: no '{LOGITS_NAME}' output (outputs: {sorted(outs)})")
+    dims = outs[LOGITS_NAME].type.tensor_type.shape.dim
+    if len(dims) == 3 and dims[2].HasField("dim_value") and dims[2].dim_value != ckpt_cfg.vocab_size:
+        raise OnnxModelError(f"--onnx {path}: logits have {dims[2].dim_value} entries per token but the checkpoint's "
+                             f"vocabulary has {ckpt_cfg.vocab_size}")
+    for name, shape in expected_shapes(ckpt_cfg).items():
+        t = inits.get(f"model.{name}")
+        if t is not None and tuple(t.dims) != tuple(shape):
+            raise OnnxModelError(f"--onnx {path}: weight '{name}' has shape {list(t.dims)} in the graph but "
+                                 f"{list(shape)} in the checkpoint")
+    produced = {o for n in proto.graph.node for o in n.output}
+    missing = [hidden_name(l) for l in range(1, ckpt_cfg.n_sublayers + 2) if hidden_name(l) not in produced]
+    if missing:
+        raise OnnxModelError(f"--onnx {path}: no value named {missing[0]} (of {len(missing)} mixer outputs missing); "
+                             "re-export with this msar-export, which names every mixer output hidden.{l}")
+    precision = meta.get("msar.dtype", "float32")
+    if precision not in ("float32", "float16", "bfloat16"):
+        raise OnnxModelError(f"--onnx {path}: unknown msar.dtype {precision!r}")
+    return GraphInfo(path, graph_cfg, precision, meta.get("msar.decomposed") == "true")
+
+
+def check_engine_path(engine) -> Path:
+    path = Path(engine)
+    if not path.is_file():
+        raise EngineError(f"--engine {path}: no such file (give a serialised TensorRT engine, e.g. model.plan)")
+    if path.stat().st_size == 0:
+        raise EngineError(f"--engine {path}: the file is empty")
+    return path

@@ -1,0 +1,235 @@
+"""The parity report: a terminal table, JSON, a PNG of error per layer, and golden
+files in Polygraphy's own formats with the `polygraphy run` command that
+re-checks the ONNX graph by hand.  Every file is written atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import shlex
+from pathlib import Path
+
+from ..fileio import atomic_path
+from .parity import REFERENCE, ParityResult, quiet_polygraphy, reference_scales, suspect
+
+JSON_NAME = "parity.json"
+PLOT_NAME = "parity.png"
+INPUTS_NAME = "inputs.json"
+GOLDEN_NAME = "golden.json"
+SUMMARY_NAME = "summary.txt"
+FORMAT_VERSION = 1
+
+
+def label(name: str) -> str:
+    return "logits" if name == "logits" else "h_" + name.split(".", 1)[1]
+
+
+def _e(x) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def _num(x):
+    return None if x is None or not math.isfinite(x) else x
+
+
+# -- terminal ----------------------------------------------------------------------------
+
+def render_table(result: ParityResult):
+    from rich.table import Table
+
+    t = Table(title=f"parity vs {REFERENCE} (float32): error = max|diff| / max|reference| per output")
+    for col, just in [("backend", "left"), ("layer", "left"), ("max abs", "right"), ("max rel", "right"),
+                      ("error", "right"), ("tolerance", "right"), ("verdict", "left")]:
+        t.add_column(col, justify=just)
+    for b in result.backends:
+        if not b.layers:
+            t.add_row(b.name, "-", "-", "-", "-", "-", b.status.upper() + " (see below)")
+            t.add_section()
+            continue
+        first = b.first_bad
+        for lr in b.layers:
+            verdict = {"pass": "ok", "fail": "FAIL", "missing": "not compared"}[lr.status]
+            if lr is first:
+                verdict += " <- first"
+            if lr.status == "fail" and not lr.finite:
+                verdict += " (NaN/Inf)"
+            t.add_row(b.name, label(lr.name), _e(lr.max_abs), _e(lr.max_rel), _e(lr.error), _e(lr.tolerance), verdict)
+        t.add_section()
+    return t
+
+
+def summary_lines(result: ParityResult) -> list[str]:
+    lines = [f"checkpoint {result.checkpoint}  vs  onnx {result.onnx}"
+             + (f"  and engine {result.engine}" if result.engine else ""),
+             f"inputs: {len(result.shapes)} token batches {['%dx%d' % s for s in result.shapes]}, seed {result.seed}"]
+    for b in result.backends:
+        head = "TensorRT" if b.name == "tensorrt" else b.name
+        if b.status == "skipped":
+            lines.append(f"{head}: skipped ({b.reason})")
+            continue
+        tol = f"{b.precision}, tolerance {b.tolerance.hidden:.0e} ({b.tolerance.source})" if b.tolerance else ""
+        if b.status == "error":
+            lines.append(f"{head}: FAIL ({tol}): the backend did not run: {b.reason}")
+            continue
+        if b.passed:
+            lines.append(f"{head}: PASS ({tol})" + (f"; {b.reason}" if b.reason else ""))
+            continue
+        bad = b.first_bad
+        if bad is None:
+            lines.append(f"{head}: FAIL ({tol}): {b.reason}")
+            continue
+        lines.append(f"{head}: FAIL ({tol}): first bad layer {label(bad.name)} ({bad.name}): {bad.reason}")
+        lines.append(f"  suspect {suspect(bad.name)}")
+    lines.append("RESULT: " + ("PASS" if result.passed else "FAIL") + f" (exit {result.exit_code})")
+    return lines
+
+
+def print_report(result: ParityResult, console=None) -> None:
+    from rich.console import Console
+
+    console = console or Console()
+    console.print(render_table(result))
+    for line in summary_lines(result):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if result.polygraphy_command:
+        console.print("Reproduce the ONNX check by hand:", highlight=False, markup=False)
+        console.print("  " + result.polygraphy_command, highlight=False, markup=False, soft_wrap=True)
+    else:
+        console.print("(pass --report DIR to save golden files and a `polygraphy run` command that reproduces "
+                      "the ONNX check)", highlight=False, markup=False, soft_wrap=True)
+
+
+# -- JSON --------------------------------------------------------------------------------
+
+def to_json_dict(result: ParityResult) -> dict:
+    def layer(lr):
+        return {"name": lr.name, "layer": lr.layer, "status": lr.status, "max_abs": _num(lr.max_abs),
+                "max_rel": _num(lr.max_rel), "error": _num(lr.error), "tolerance": lr.tolerance,
+                "reference_max_abs": _num(lr.ref_max_abs), "finite": lr.finite, "reason": lr.reason}
+
+    def backend(b):
+        bad = b.first_bad
+        return {"name": b.name, "status": b.status, "precision": b.precision,
+                "tolerance": b.tolerance.to_dict() if b.tolerance else None, "reason": b.reason,
+                "seconds": round(b.seconds, 3),
+                "first_bad_layer": None if bad is None else {"name": bad.name, "layer": bad.layer},
+                "layers": [layer(lr) for lr in b.layers]}
+
+    return {
+        "format_version": FORMAT_VERSION,
+        "passed": result.passed,
+        "exit_code": result.exit_code,
+        "checkpoint": result.checkpoint,
+        "onnx": result.onnx,
+        "engine": result.engine,
+        "reference": {"runner": REFERENCE, "precision": "float32"},
+        "metric": "max |backend - reference| / max |reference| per output over all batches; NaN/Inf fail",
+        "inputs": {"shapes": [list(s) for s in result.shapes], "seed": result.seed, "file": INPUTS_NAME},
+        "golden": GOLDEN_NAME,
+        "layers": result.layer_names,
+        "backends": [backend(b) for b in result.backends],
+        "polygraphy_command": result.polygraphy_command,
+        "summary": summary_lines(result),
+    }
+
+
+# -- plot --------------------------------------------------------------------------------
+
+def write_plot(result: ParityResult, path: str | os.PathLike) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = list(range(len(result.layer_names)))
+    floor = 1e-12
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(xs) + 2), 4.0))
+    drawn = False
+    for i, b in enumerate(result.backends):
+        if not b.layers:
+            continue
+        color = f"C{i}"
+        ys = [max(lr.error, floor) if lr.error is not None else float("nan") for lr in b.layers]
+        ax.plot(xs, ys, marker="o", color=color, label=f"{b.name} ({b.precision})")
+        bad = [(x, lr) for x, lr in zip(xs, b.layers) if lr.status == "fail"]
+        if bad:
+            top = max([y for y in ys if y == y] + [b.tolerance.hidden * 10])
+            ax.scatter([x for x, _ in bad], [max(lr.error, floor) if lr.error is not None else top for _, lr in bad],
+                       marker="x", s=90, color="red", zorder=5)
+        if b.tolerance:
+            ax.axhline(b.tolerance.hidden, color=color, linestyle="--", linewidth=1,
+                       label=f"{b.name} tolerance {b.tolerance.hidden:.0e}")
+        drawn = True
+    ax.set_xticks(xs, [label(n) for n in result.layer_names])
+    ax.set_yscale("log")
+    ax.set_xlabel("layer (mixer output h_l, then logits)")
+    ax.set_ylabel("max|diff| / max|reference|")
+    firsts = [f"{b.name} {label(b.first_bad.name)}" for b in result.backends if b.first_bad is not None]
+    verdict = "PASS" if result.passed else "FAIL" + (f", first bad layer: {', '.join(firsts)}" if firsts else "")
+    ax.set_title(f"parity vs {REFERENCE}: {verdict}", fontsize=11)
+    ax.grid(True, which="both", alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    with _atomic(Path(path)) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+# -- golden files and the hand command ---------------------------------------------------
+
+def polygraphy_command(result: ParityResult, inputs_path, golden_path) -> str:
+    """`polygraphy run` on the ONNX graph against the golden outputs, with the same
+    per-output atol (= tolerance * max|reference|), rtol 0 and the max statistic."""
+    onnxrt = result.backend("onnxrt")
+    ref_iters = list(result.golden[REFERENCE])
+    scales = reference_scales(ref_iters, result.layer_names)
+    tol = onnxrt.tolerance
+    atols = [f"{n}:{tol.for_output(n) * scales[n]!r}" for n in result.layer_names]
+    q = lambda p: shlex.quote(os.path.abspath(p))  # noqa: E731
+    return " ".join(["polygraphy", "run", q(result.onnx), "--onnxrt", "--onnx-outputs", *result.layer_names,
+                     "--load-inputs", q(inputs_path), "--load-outputs", q(golden_path),
+                     "--check-error-stat", "max", "--rtol", "0", "--atol", *atols])
+
+
+def write_report(result: ParityResult, report_dir: str | os.PathLike) -> Path:
+    """inputs.json + golden.json (Polygraphy formats), parity.json, parity.png, summary.txt."""
+    from polygraphy.json import save_json
+    from rich.console import Console
+
+    out = Path(report_dir)
+    if out.exists() and not out.is_dir():
+        from ..errors import InputError
+
+        raise InputError(f"--report {out}: exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    inputs, golden = out / INPUTS_NAME, out / GOLDEN_NAME
+    with quiet_polygraphy():
+        with _atomic(inputs) as tmp:
+            save_json(list(result.feeds), str(tmp), description="parity-check input feeds")
+        with _atomic(golden) as tmp:
+            save_json(result.golden, str(tmp), description=f"{REFERENCE} golden outputs")
+    result.report_dir = str(out)
+    result.polygraphy_command = polygraphy_command(result, inputs, golden)
+    with _atomic(out / JSON_NAME) as tmp:
+        tmp.write_text(json.dumps(to_json_dict(result), indent=2) + "\n", encoding="utf-8")
+    write_plot(result, out / PLOT_NAME)
+    buf = io.StringIO()
+    print_report(result, Console(file=buf, width=140, no_color=True, force_terminal=False))
+    with _atomic(out / SUMMARY_NAME) as tmp:
+        tmp.write_text(buf.getvalue(), encoding="utf-8")
+    return out
+
+
+@contextlib.contextmanager
+def _atomic(target: Path):
+    """fileio.atomic_path (temp file beside the target, then rename) with the
+    permissions an ordinary file would get (mkstemp creates it 0600)."""
+    with atomic_path(target) as tmp:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)

@@ -1,0 +1,16 @@
+"""One Polygraphy runner per backend, all behind `polygraphy.backend.base.BaseRunner`.
+
+- `eager`:  `TorchRunner`, our own PyTorch runner over `MSARLM.forward_with_hidden`
+  (Polygraphy's `PytRunner` forces CUDA and returns a tuple, so it is not used).
+- `onnxrt`: Polygraphy's `OnnxrtRunner` over a copy of the graph whose `hidden.{l}`
+  values are marked as extra outputs (Polygraphy's `ModifyOutputs` loader).
+- `trt`:    Polygraphy's `TrtRunner`, from a serialised engine or built from the
+  ONNX graph with the same outputs marked; TensorRT is imported lazily.
+
+Every runner takes `input_ids` [batch, seq] int64 and returns a dict of numpy
+arrays named `logits`, `hidden.1` .. `hidden.{L+1}` (see `output_names`).
+"""
+
+from .common import INPUT_NAME, LOGITS_NAME, hidden_name, output_names
+
+__all__ = ["INPUT_NAME", "LOGITS_NAME", "hidden_name", "output_names"]

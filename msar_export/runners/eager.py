@@ -1,0 +1,74 @@
+"""The PyTorch reference runner: `MSARLM.forward_with_hidden` behind Polygraphy's runner contract."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+
+import numpy as np
+from polygraphy.backend.base import BaseLoader, BaseRunner
+from polygraphy.common import TensorMetadata
+
+from .common import INPUT_NAME, LOGITS_NAME, hidden_name
+
+
+class ModelFromCheckpoint(BaseLoader):
+    """Lazy loader: checkpoint directory -> MSARLM in eval mode (Polygraphy's "X from Y" style)."""
+
+    def __init__(self, path: str | os.PathLike, dtype: str = "float32", trust_pickle: bool = False):
+        self.path = path
+        self.dtype = dtype
+        self.trust_pickle = trust_pickle
+
+    def call_impl(self):
+        import torch
+
+        from ..checkpoint import load_checkpoint
+
+        dt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[self.dtype]
+        return load_checkpoint(self.path, dtype=dt, trust_pickle=self.trust_pickle)
+
+
+class TorchRunner(BaseRunner):
+    """Runs an MSARLM eagerly on CPU (or `device`) and returns logits and every mixer output.
+
+    Outputs are float32 numpy arrays whatever the model's dtype (numpy has no
+    bfloat16): `logits` [B, T, vocab] and `hidden.{l}` [B, T, d] for l = 1..L+1.
+    """
+
+    def __init__(self, model, name: str | None = None, device: str = "cpu"):
+        """model: an MSARLM or a callable returning one (e.g. `ModelFromCheckpoint`)."""
+        super().__init__(name=name, prefix="torch-runner")
+        self._model = model
+        self.device = device
+
+    def activate_impl(self):
+        import torch
+
+        model = self._model if isinstance(self._model, torch.nn.Module) else self._model()
+        self.model = model.to(self.device).eval()
+
+    def get_input_metadata_impl(self):
+        return TensorMetadata().add(INPUT_NAME, dtype=np.int64, shape=("batch", "seq"))
+
+    def infer_impl(self, feed_dict):
+        import torch
+
+        from ..model.generate import check_token_batch
+
+        ids = torch.as_tensor(np.asarray(feed_dict[INPUT_NAME]))
+        cfg = self.model.cfg
+        check_token_batch(ids, None, cfg.vocab_size, cfg.max_seq_len)
+        start = time.perf_counter()
+        with torch.no_grad():
+            logits, hidden = self.model.forward_with_hidden(ids.to(self.device))
+        self.inference_time = time.perf_counter() - start
+        out = OrderedDict()
+        out[LOGITS_NAME] = logits.float().cpu().numpy()
+        for l, h in enumerate(hidden, start=1):
+            out[hidden_name(l)] = h.float().cpu().numpy()
+        return out
+
+    def deactivate_impl(self):
+        del self.model

@@ -1,0 +1,405 @@
+"""`msar-export check`: a faithful export passes, every injected export bug fails
+with exit 1 and names the first layer it corrupts, bad input exits 2."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import REPO, make_checkpoint, trained_checkpoint
+from msar_export.checkpoint import load_checkpoint
+from msar_export.cli import main
+from msar_export.compare import PRESETS, check_parity
+from msar_export.compare.inputs import check_shapes, default_shapes, parse_shapes, token_batches
+from msar_export.compare.parity import REFERENCE, compare_backend
+from msar_export.compare.tolerances import Tolerance, looser
+from msar_export.errors import InputError
+from msar_export.export import ExportOptions, export_model
+from msar_export.runners.common import layer_order
+from msar_export.runners.trt import tensorrt_unavailable
+
+PYTHON = sys.executable
+POLYGRAPHY = str(Path(sys.executable).parent / "polygraphy")
+D = 40  # d_model of conftest.ODD
+
+
+@pytest.fixture(scope="module")
+def faithful(tmp_path_factory):
+    """A small random msar checkpoint (kernels [1,3,5], 2 blocks) and its fp32 prefill graph."""
+    root = tmp_path_factory.mktemp("compare")
+    ckpt, cfg = make_checkpoint(root / "ckpt", seed=5)
+    onnx_path = root / "model.onnx"
+    export_model(load_checkpoint(ckpt), onnx_path, ExportOptions(), validate=False)
+    return ckpt, onnx_path, cfg
+
+
+def faulted(src: Path, dst: Path, edit) -> Path:
+    """Copy checkpoint `src` to `dst` with `edit(tensors)` applied (the same config)."""
+    dst.mkdir(parents=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    tensors = load_file(str(src / "model.safetensors"))
+    with torch.no_grad():
+        edit(tensors)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"))
+    return dst
+
+
+def scale_tap(i, r, tap, factor=1.02):
+    def edit(t):
+        t[f"sources.{i}.conv.{r}.weight"][:, 0, tap] *= factor
+    return edit
+
+
+def flip_taps(sources):
+    def edit(t):
+        for name in [n for n in t if n.startswith("sources.")]:
+            if int(name.split(".")[1]) in sources:
+                t[name] = t[name].flip(-1)
+    return edit
+
+
+def swap_gate_blocks(j, a=0, b=1):
+    """The gate reads the streams in the wrong order: swap column blocks a and b of W_j."""
+    def edit(t):
+        w = t[f"mixers.{j}.gate.weight"]
+        blocks = list(w.split(D, dim=1))
+        blocks[a], blocks[b] = blocks[b], blocks[a]
+        t[f"mixers.{j}.gate.weight"] = torch.cat(blocks, dim=1)
+    return edit
+
+
+def scale_query(j, r, factor=1.02):
+    def edit(t):
+        t[f"mixers.{j}.query"][r] *= factor
+    return edit
+
+
+def shift_gate_bias(j, r, delta=0.01):
+    def edit(t):
+        t[f"mixers.{j}.gate.bias"][r] += delta
+    return edit
+
+
+FAULTS = {
+    # fault: (edit, first bad layer).  Source i is first read by mixer i+1.
+    "conv-tap-2pct-source0": (scale_tap(0, 2, 1), 1),
+    "conv-tap-2pct-source2": (scale_tap(2, 1, 1), 3),
+    "conv-tap-2pct-source4": (scale_tap(4, 2, 4), 5),
+    "streams-fused-in-wrong-order-mixer3": (swap_gate_blocks(3, 0, 1), 3),
+    "streams-fused-in-wrong-order-mixer1": (swap_gate_blocks(1, 1, 2), 1),
+    "taps-reversed-all-sources": (flip_taps(range(5)), 1),
+    "taps-reversed-source1": (flip_taps([1]), 2),
+    "pseudo-query-2pct-mixer4": (scale_query(4, 1), 4),
+    "gate-bias-off-by-0.01-mixer2": (shift_gate_bias(2, 0), 2),
+}
+
+
+def assert_first_bad(result, backend: str, layer: int):
+    b = result.backend(backend)
+    assert result.exit_code == 1 and not result.passed
+    assert b.status == "fail" and b.first_bad is not None, b
+    got = b.first_bad.layer
+    assert got == layer, f"first bad layer h_{got}, expected h_{layer}: " + \
+        ", ".join(f"{lr.name}={lr.error:.1e}" for lr in b.layers)
+    for lr in b.layers:
+        if lr.layer is not None and lr.layer < layer:
+            assert lr.passed, f"{lr.name} should still match ({lr.error:.1e})"
+
+
+# -- the check itself ---------------------------------------------------------------------
+
+def test_faithful_export_passes(faithful):
+    ckpt, onnx_path, cfg = faithful
+    result = check_parity(ckpt, onnx_path)
+    ort = result.backend("onnxrt")
+    assert result.passed and result.exit_code == 0, ort
+    assert [lr.name for lr in ort.layers] == layer_order(load_checkpoint(ckpt).cfg)
+    assert all(lr.passed and lr.error < PRESETS["float32"].hidden / 10 for lr in ort.layers)
+    assert all(lr.max_abs is not None and lr.max_rel is not None for lr in ort.layers)
+    trt = result.backend("tensorrt")
+    why = tensorrt_unavailable()
+    if why is None:
+        assert trt.passed, trt
+    else:
+        assert trt.status == "skipped" and trt.reason.startswith("import tensorrt failed")
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_injected_fault_names_its_first_layer(fault, faithful, tmp_path):
+    ckpt, onnx_path, _ = faithful
+    edit, layer = FAULTS[fault]
+    bad = faulted(ckpt, tmp_path / "bad", edit)
+    result = check_parity(bad, onnx_path, tensorrt=False)
+    assert_first_bad(result, "onnxrt", layer)
+
+
+def test_fault_in_the_graph_is_found_too(faithful, tmp_path):
+    """Vice versa: the checkpoint is right, the graph's mixer-3 gate bias is off."""
+    import onnx_ir as ir
+
+    ckpt, onnx_path, _ = faithful
+    model = ir.load(str(onnx_path))
+    bias = model.graph.initializers["model.mixers.3.gate.bias"]
+    bias.const_value = ir.tensor(bias.const_value.numpy() + np.float32(0.01))
+    bad_graph = tmp_path / "bad.onnx"
+    ir.save(model, str(bad_graph))
+    result = check_parity(ckpt, bad_graph, tensorrt=False)
+    assert_first_bad(result, "onnxrt", 3)
+
+
+def test_a_graph_onnx_runtime_cannot_run_fails_instead_of_passing(faithful, tmp_path):
+    """Drop the msar function bodies: ONNX Runtime cannot build a session, the check must say FAIL."""
+    ckpt, onnx_path, _ = faithful
+    proto = onnx.load(str(onnx_path))
+    del proto.functions[:]
+    broken = tmp_path / "no-functions.onnx"
+    onnx.save(proto, str(broken))
+    result = check_parity(ckpt, broken, tensorrt=False)
+    ort = result.backend("onnxrt")
+    assert result.exit_code == 1 and ort.status == "error" and ort.reason and not ort.layers
+
+
+def test_negative_control_wrong_weights_are_caught(faithful, tmp_path):
+    """A different model with the same config (other seed) must fail from h_1 on."""
+    _, onnx_path, cfg = faithful
+    other, _ = make_checkpoint(tmp_path / "other", seed=6)
+    result = check_parity(other, onnx_path, tensorrt=False)
+    assert_first_bad(result, "onnxrt", 1)
+    assert all(lr.status == "fail" for lr in result.backend("onnxrt").layers)
+
+
+@pytest.fixture(scope="module")
+def reference(faithful):
+    from msar_export.compare.parity import run_runner
+    from msar_export.runners.eager import ModelFromCheckpoint, TorchRunner
+
+    cfg = load_checkpoint(faithful[0]).cfg
+    feeds = token_batches(cfg, default_shapes(cfg))
+    return cfg, run_runner(TorchRunner(ModelFromCheckpoint(faithful[0]), name=REFERENCE), feeds)
+
+
+def _ref_and_copy(reference):
+    cfg, ref = reference
+    return cfg, ref, copy.deepcopy(ref)
+
+
+def rebuilt(it, drop=None, add=None):
+    from polygraphy.comparator import IterationResult
+
+    outs = {k: v for k, v in it.items() if k != drop}
+    return IterationResult(outputs={**outs, **(add or {})}, runner_name="fake")
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_nan_or_inf_fails_whatever_the_tolerance(reference, value):
+    cfg, ref, got = _ref_and_copy(reference)
+    arr = got[1]["hidden.4"].copy()
+    arr[0, 3, 7] = value
+    got[1]["hidden.4"] = arr
+    res = compare_backend(ref, got, layer_order(cfg), Tolerance(1e9, 1e9), "fake", "float32")
+    assert res.status == "fail" and res.first_bad.name == "hidden.4" and not res.first_bad.finite
+
+
+def test_identical_outputs_pass_and_nothing_goes_missing_unnoticed(reference):
+    cfg, ref, got = _ref_and_copy(reference)
+    names = layer_order(cfg)
+    assert compare_backend(ref, got, names, PRESETS["float32"], "fake", "float32").passed
+    # an output the backend does not produce fails (unless declared optional) ...
+    got = [rebuilt(it, drop="hidden.3") for it in got]
+    res = compare_backend(ref, got, names, PRESETS["float32"], "fake", "float32")
+    assert res.status == "fail" and res.first_bad.name == "hidden.3"
+    opt = compare_backend(ref, got, names, PRESETS["float32"], "fake", "float32", optional=("hidden.3",))
+    assert opt.passed and opt.layer("hidden.3").status == "missing"
+    # ... and so does a backend that returns fewer batches than it was given
+    assert compare_backend(ref, got[:2], names, PRESETS["float32"], "fake", "float32").status == "fail"
+
+
+def test_names_are_matched_exactly_not_by_polygraphy_substring_rules(reference):
+    """Polygraphy's default matcher would compare 'hidden.1' with 'hidden.1x'."""
+    cfg, ref, got = _ref_and_copy(reference)
+    got = [rebuilt(it, drop="hidden.1", add={"hidden.1x": it["hidden.1"]}) for it in got]
+    res = compare_backend(ref, got, layer_order(cfg), PRESETS["float32"], "fake", "float32")
+    assert res.layer("hidden.1").status == "fail"
+
+
+def test_trained_checkpoint_passes(tmp_path):
+    ckpt = trained_checkpoint("msar")
+    onnx_path = tmp_path / "trained.onnx"
+    export_model(load_checkpoint(ckpt), onnx_path, ExportOptions(), validate=False)
+    result = check_parity(ckpt, onnx_path, tensorrt=False)
+    ort = result.backend("onnxrt")
+    assert result.passed, [(lr.name, lr.error) for lr in ort.layers]
+    assert len(ort.layers) == 2 * 4 + 2
+    assert max(lr.error for lr in ort.layers) < PRESETS["float32"].hidden / 10
+
+
+# -- inputs and tolerances -----------------------------------------------------------------
+
+def test_default_inputs_cover_the_conv_window_and_differ_from_export_shapes(faithful):
+    cfg = load_checkpoint(faithful[0]).cfg
+    shapes = default_shapes(cfg)
+    assert shapes == [(1, cfg.kmax + 5), (2, 37), (3, 64)]
+    assert (2, 5) not in shapes  # the exporter traces at (2, 5)
+    feeds = token_batches(cfg, shapes, seed=3)
+    again = token_batches(cfg, shapes, seed=3)
+    assert all(np.array_equal(a["input_ids"], b["input_ids"]) for a, b in zip(feeds, again))
+    ids = np.concatenate([f["input_ids"].ravel() for f in feeds])
+    assert ids.dtype == np.int64 and ids.min() == 0 and ids.max() == cfg.vocab_size - 1
+    with pytest.raises(InputError, match="conv window"):
+        check_shapes([(2, cfg.kmax)], cfg)
+    with pytest.raises(InputError, match="max_seq_len"):
+        check_shapes([(1, cfg.max_seq_len + 1)], cfg)
+    assert parse_shapes("1x17, 2X37") == [(1, 17), (2, 37)]
+    with pytest.raises(InputError):
+        parse_shapes("1by17")
+
+
+def test_tolerance_presets_are_ordered_and_the_graph_precision_is_a_floor():
+    assert PRESETS["float32"].hidden < PRESETS["float16"].hidden < PRESETS["bfloat16"].hidden
+    assert looser("float32", "float16") == "float16" and looser("bfloat16", "float16") == "bfloat16"
+
+
+def test_dtype_is_for_tensorrt_onnx_runtime_keeps_the_graphs_own_preset(faithful):
+    ckpt, onnx_path, _ = faithful
+    ort = check_parity(ckpt, onnx_path, dtype="float16", tensorrt=False).backend("onnxrt")
+    assert ort.precision == "float32" and ort.tolerance == PRESETS["float32"]
+    over = check_parity(ckpt, onnx_path, tol=1e-12, tensorrt=False)
+    assert over.exit_code == 1 and over.backend("onnxrt").tolerance.source == "--tol"
+
+
+# -- command line, report, golden files ----------------------------------------------------
+
+def test_report_dir_holds_json_png_and_golden_files_and_the_polygraphy_command_works(faithful, tmp_path, capsys):
+    from polygraphy.comparator import RunResults
+    from polygraphy.json import load_json
+
+    ckpt, onnx_path, _ = faithful
+    rep = tmp_path / "report"
+    assert main(["check", str(ckpt), "--onnx", str(onnx_path), "--report", str(rep)]) == 0
+    out = capsys.readouterr().out
+    assert "RESULT: PASS" in out and "polygraphy run" in out
+    assert sorted(p.name for p in rep.iterdir()) == ["golden.json", "inputs.json", "parity.json", "parity.png",
+                                                       "summary.txt"]
+    assert (rep / "parity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((rep / "parity.json").read_text())
+    assert report["passed"] and report["exit_code"] == 0
+    assert report["backends"][0]["name"] == "onnxrt" and report["backends"][0]["first_bad_layer"] is None
+    feeds = load_json(str(rep / "inputs.json"))
+    golden = RunResults.load(str(rep / "golden.json"))
+    assert len(feeds) == 3 and list(golden.keys()) == [REFERENCE] and len(golden[REFERENCE]) == 3
+    assert set(golden[REFERENCE][0].keys()) == set(report["layers"])
+
+    cmd = shlex.split(report["polygraphy_command"])
+    assert cmd[0] == "polygraphy"
+    run = subprocess.run([POLYGRAPHY, *cmd[1:]], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "PASSED" in run.stdout
+
+
+def test_failing_report_and_its_polygraphy_command_fail_too(faithful, tmp_path, capsys):
+    ckpt, onnx_path, _ = faithful
+    bad = faulted(ckpt, tmp_path / "bad", scale_tap(2, 1, 1))
+    rep = tmp_path / "report"
+    assert main(["check", str(bad), "--onnx", str(onnx_path), "--report", str(rep), "--no-trt"]) == 1
+    out = capsys.readouterr().out
+    assert "first bad layer h_3 (hidden.3)" in out and "RESULT: FAIL" in out
+    report = json.loads((rep / "parity.json").read_text())
+    assert report["backends"][0]["first_bad_layer"] == {"name": "hidden.3", "layer": 3}
+    assert report["backends"][1] == {**report["backends"][1], "status": "skipped", "reason": "--no-trt"}
+    run = subprocess.run([POLYGRAPHY, *shlex.split(report["polygraphy_command"])[1:]], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode != 0 and "FAILED" in run.stdout + run.stderr
+
+
+def run_cli(*args):
+    return subprocess.run([PYTHON, "-m", "msar_export.cli", "check", *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+
+
+def assert_one_line_error(rc, err, *needles):
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("msar-export check: error:"), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_bad_input_exits_2_with_one_line_subprocess(faithful, tmp_path):
+    ckpt, onnx_path, _ = faithful
+    p = run_cli(ckpt, "--onnx", tmp_path / "nope.onnx")
+    assert_one_line_error(p.returncode, p.stderr, "no such file")
+    other, _ = make_checkpoint(tmp_path / "wide", seed=1, d_model=50)
+    p = run_cli(other, "--onnx", onnx_path)
+    assert_one_line_error(p.returncode, p.stderr, "different model", "d_model")
+
+
+def _edited_graph(onnx_path, dst, **config_changes):
+    proto = onnx.load(str(onnx_path))
+    for prop in proto.metadata_props:
+        if prop.key == "msar.config":
+            prop.value = json.dumps({**json.loads(prop.value), **config_changes})
+    onnx.save(proto, str(dst))
+    return dst
+
+
+@pytest.mark.parametrize("case", ["missing-checkpoint", "not-onnx", "empty-file", "no-msar-metadata",
+                                  "vocab-mismatch", "decode-graph", "missing-engine", "missing-plugin",
+                                  "short-shapes"])
+def test_bad_input_exits_2_with_one_line(case, faithful, tmp_path, capsys):
+    ckpt, onnx_path, cfg = faithful
+    args = [str(ckpt), "--onnx", str(onnx_path), "--no-trt"]
+    if case == "missing-checkpoint":
+        args[0] = str(tmp_path / "no-ckpt")
+    elif case == "not-onnx":
+        (tmp_path / "x.onnx").write_text("this is not a model\n")
+        args[2] = str(tmp_path / "x.onnx")
+    elif case == "empty-file":
+        (tmp_path / "x.onnx").write_bytes(b"")
+        args[2] = str(tmp_path / "x.onnx")
+    elif case == "no-msar-metadata":
+        proto = onnx.load(str(onnx_path))
+        del proto.metadata_props[:]
+        onnx.save(proto, str(tmp_path / "x.onnx"))
+        args[2] = str(tmp_path / "x.onnx")
+    elif case == "vocab-mismatch":
+        # metadata claims vocab 67 like the checkpoint, but the graph's weights say 61
+        args[0] = str(make_checkpoint(tmp_path / "v67", seed=1, vocab_size=67)[0])
+        args[2] = str(_edited_graph(onnx_path, tmp_path / "x.onnx", vocab_size=67))
+    elif case == "decode-graph":
+        proto = onnx.load(str(onnx_path))
+        for prop in proto.metadata_props:
+            if prop.key == "msar.graph":
+                prop.value = "decode"
+        onnx.save(proto, str(tmp_path / "x.onnx"))
+        args[2] = str(tmp_path / "x.onnx")
+    elif case == "missing-engine":
+        args = args[:3] + ["--engine", str(tmp_path / "model.plan")]
+    elif case == "missing-plugin":
+        args += ["--plugins", str(tmp_path / "libmsar.so")]
+    elif case == "short-shapes":
+        args += ["--shapes", "2x3"]
+    rc = main(["check", *args])
+    err = capsys.readouterr().err
+    assert_one_line_error(rc, err)
+
+
+def test_engine_without_tensorrt_is_an_error_not_a_skip(faithful, tmp_path, capsys):
+    if tensorrt_unavailable() is None:
+        pytest.skip("TensorRT is installed here")
+    ckpt, onnx_path, _ = faithful
+    plan = tmp_path / "model.plan"
+    plan.write_bytes(b"not really an engine")
+    rc = main(["check", str(ckpt), "--onnx", str(onnx_path), "--engine", str(plan)])
+    assert_one_line_error(rc, capsys.readouterr().err, "import tensorrt failed")
