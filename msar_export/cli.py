@@ -18,8 +18,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 # imports nothing heavy at module level and sets `func` on its parser.
 REGISTRARS: tuple[str, ...] = (
     "msar_export.compare.cli",
+    "msar_export.bench.cli",
     "msar_export.build.cli",
-    "msar_export.serving.cli",
 )
 
 

@@ -41,10 +41,15 @@ def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], preci
 
     TF32 stays off for float32 (Polygraphy's default), so the float32 preset applies."""
     from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, LoadPlugins, ModifyNetworkOutputs,
-                                        NetworkFromOnnxPath, Profile, TrtRunner)
+                                        NetworkFromOnnxBytes, Profile, TrtRunner)
+
+    from ..build.onnx_info import read_onnx
 
     profile = Profile().add("input_ids", min=(1, 1), opt=tuple(max_shape), max=tuple(max_shape))
     config = CreateConfig(fp16=precision == "float16", bf16=precision == "bfloat16", tf32=False, profiles=[profile])
-    network = ModifyNetworkOutputs(NetworkFromOnnxPath(str(onnx_path)), outputs=list(outputs))
+    # The parser would import a node's local function before looking for a
+    # plugin, so it gets the graph without the msar function bodies (see
+    # msar_export.build.onnx_info); the plugins then implement every msar node.
+    network = ModifyNetworkOutputs(NetworkFromOnnxBytes(read_onnx(onnx_path).parser_bytes), outputs=list(outputs))
     engine = EngineFromNetwork(network, config=config)
     return TrtRunner(LoadPlugins(plugins=check_plugin_paths(plugins), obj=engine), name=name)

@@ -1,0 +1,1 @@
+"""Benchmarks (imports nothing heavy: the CLI registers `bench` from here)."""

@@ -1,0 +1,39 @@
+"""`msar-export bench` subcommand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cmd_bench(a) -> int:
+    import json
+
+    from .report import markdown_table, update_readme
+    from .run import QUICK, BenchSettings, run_bench, write_results
+
+    s = BenchSettings(**QUICK) if a.quick else BenchSettings()
+    s.threads, s.repeats = a.threads, a.repeats or s.repeats
+    s.compile = s.compile and not a.no_compile
+    s.export_probe_params = int(a.export_probe * 1e6)
+    result = run_bench(s)
+    out = Path(a.out)
+    write_results(result, out)
+    print(markdown_table(result))
+    print(json.dumps(result["ratios"], indent=1))
+    if a.update_readme:
+        update_readme(Path(a.update_readme), result)
+    print(f"wrote {out / 'results.json'} and {out / 'chart.png'}")
+    return 0
+
+
+def register(sub) -> None:
+    b = sub.add_parser("bench", help="benchmark eager / torch.compile / ONNX Runtime (/ TensorRT) for all residual kinds")
+    b.add_argument("-o", "--out", default="runs/bench", help="directory for results.json and chart.png")
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--repeats", type=int, default=0, help="timed runs per backend (default 5)")
+    b.add_argument("--quick", action="store_true", help="tiny model and shapes (a smoke run)")
+    b.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    b.add_argument("--export-probe", type=float, default=0, metavar="MPARAMS",
+                   help="also export a checkpoint of about this many million parameters (time, peak RSS)")
+    b.add_argument("--update-readme", metavar="README", help="rewrite the README's bench table from this run")
+    b.set_defaults(func=cmd_bench)

@@ -1,0 +1,87 @@
+"""Chart and README table from a benchmark results file."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..fileio import atomic_path
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def plot_results(result: dict, out_png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    B, T = result["settings"]["prefill_shapes"][0]
+    rows = [r for r in result["prefill"] if (r["batch"], r["seq"]) == (B, T)]
+    backends = sorted({r["backend"] for r in rows})
+    kinds = [k for k in ("standard", "attnres", "msar") if any(r["kind"] == k for r in rows)]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(backends))
+    for j, b in enumerate(backends):
+        xs, ys = [], []
+        for i, k in enumerate(kinds):
+            r = next((r for r in rows if r["kind"] == k and r["backend"] == b), None)
+            if r:
+                xs.append(i + j * width)
+                ys.append(r["median_s"] * 1e3)
+        ax1.bar(xs, ys, width, label=b)
+    ax1.set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))], kinds)
+    ax1.set_ylabel(f"prefill latency, ms (batch {B}, seq {T})")
+    ax1.legend(fontsize=8)
+    dec = result["decode"]
+    for j, b in enumerate(sorted({r["backend"] for r in dec})):
+        xs = [i + j * 0.4 for i, k in enumerate(kinds)]
+        ys = [next((r["tokens_per_s"] for r in dec if r["kind"] == k and r["backend"] == b), 0) for k in kinds]
+        ax2.bar(xs, ys, 0.4, label=b)
+    ax2.set_xticks([i + 0.2 for i in range(len(kinds))], kinds)
+    ax2.set_ylabel("decode tokens/s (batch 1)")
+    ax2.legend(fontsize=8)
+    m = result["machine"]
+    fig.suptitle(f"{m['date']} - {m['cpu']} - {m['threads']} threads", fontsize=9)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def markdown_table(result: dict) -> str:
+    m, s = result["machine"], result["settings"]
+    B, T = s["prefill_shapes"][0]
+    lines = [f"Measured {m['date']} on {m['cpu']} ({m['logical_cores']} cores, {m['threads']} threads), "
+             f"torch {m['torch']}, onnxruntime {m['onnxruntime']}; d_model {s['d_model']}, {s['n_blocks']} blocks, "
+             f"stream kernels {list(s['stream_kernels'])}, random weights. Median of {s['repeats']} round-robin runs.",
+             "", f"| kind | backend | prefill {B}x{T} ms | tokens/s |", "| --- | --- | --- | --- |"]
+    for r in sorted(result["prefill"], key=lambda r: (r["kind"], r["backend"])):
+        if (r["batch"], r["seq"]) == (B, T):
+            lines.append(f"| {r['kind']} | {r['backend']} | {r['median_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} |")
+    lines += ["", "| kind | decode backend | tokens/s (batch 1, after a " f"{s['decode_prompt']}-token prompt) |",
+              "| --- | --- | --- |"]
+    for r in sorted(result["decode"], key=lambda r: (r["kind"], r["backend"])):
+        lines.append(f"| {r['kind']} | {r['backend']} | {r['tokens_per_s']:.1f} |")
+    lines += ["", "| ratio | value |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in result["ratios"].items() if k != "shape"]
+    if "export_probe" in result:
+        e = result["export_probe"]
+        lines += ["", f"Export of a {e['parameters'] / 1e6:.0f} M-parameter checkpoint ({e['checkpoint_mb']:.0f} MB): "
+                  f"{e['seconds']} s, peak RSS {e['peak_rss_mb']:.0f} MB = {e['rss_over_checkpoint']}x the checkpoint."]
+    for k, why in result["skipped"].items():
+        lines.append(f"\n{k}: skipped ({why})")
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, result: dict) -> bool:
+    """Replace the text between the bench markers; returns whether it changed."""
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{readme} has no {BEGIN} ... {END} block")
+    new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{markdown_table(result)}\n{END}",
+                 text, flags=re.S)
+    if new != text:
+        with atomic_path(readme) as tmp:
+            tmp.write_text(new)
+    return new != text

@@ -1,0 +1,277 @@
+"""`msar-export bench`: what each backend costs and what MSAR costs.
+
+All timings of one run are taken in one process, round-robin across backends
+and residual kinds, so machine noise hits every row alike; ratios are the
+numbers to trust.  Memory is measured per backend in a child process."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..checkpoint import save_checkpoint
+from ..config import MSARConfig
+from ..fileio import atomic_write_text
+from ..model import MSARLM
+from .probe import cli_probe, python_probe
+from .timing import interleaved, machine_description
+
+KINDS = ("standard", "attnres", "msar")
+
+
+@dataclass
+class BenchSettings:
+    d_model: int = 512
+    n_blocks: int = 8
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    mlp_hidden: int = 1376
+    vocab_size: int = 256
+    stream_kernels: tuple[int, ...] = (1, 4, 8, 12)
+    prefill_shapes: tuple[tuple[int, int], ...] = ((1, 512), (1, 128), (4, 256))
+    decode_prompt: int = 64
+    decode_steps: int = 32
+    threads: int = 2
+    warmup: int = 1
+    repeats: int = 5
+    compile: bool = True
+    memory: bool = True
+    export_probe_params: int = 0  # > 0: also export a checkpoint of about this many parameters
+    kinds: tuple[str, ...] = KINDS
+
+    def config(self, kind: str) -> MSARConfig:
+        return MSARConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_blocks=self.n_blocks,
+                          n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, mlp_hidden=self.mlp_hidden,
+                          max_seq_len=4096, residual=kind, stream_kernels=self.stream_kernels)
+
+
+QUICK = dict(d_model=64, n_blocks=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, prefill_shapes=((1, 32),),
+             decode_prompt=8, decode_steps=4, repeats=2, compile=False, memory=False)
+
+
+def random_model(cfg: MSARConfig, seed: int = 0) -> MSARLM:
+    torch.manual_seed(seed)
+    model = MSARLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.5 if name.endswith(".query") else 0.02)
+            if name.endswith("norm.weight") or name.endswith("gate_scale"):
+                p.fill_(1.0)
+    return model.eval()
+
+
+@dataclass
+class Backend:
+    """One way to run a model: prefill(ids) and a decode-step loop."""
+
+    name: str
+    prefill: object
+    decode: object | None = None
+    onnx: str | None = None
+
+
+def ort_backends(model, kind: str, workdir: Path, threads: int, log) -> tuple[list[Backend], dict]:
+    from ..export import ExportOptions, export_model
+    from ..runtime import OrtDecoder, OrtModel
+
+    variants = {"ort-custom": ExportOptions(), "ort-decomposed": ExportOptions(decomposed=True)}
+    if kind == "msar":
+        variants["ort-custom-retrieval"] = ExportOptions(mixer_op="retrieval")
+    if kind == "standard":
+        variants = {"ort": ExportOptions(decomposed=True)}
+    backends, exports = [], {}
+    for name, opts in variants.items():
+        path = workdir / f"{kind}-{name}.onnx"
+        t0 = time.perf_counter()
+        export_model(model, path, opts, validate=False)
+        exports[name] = {"seconds": round(time.perf_counter() - t0, 2), "mb": round(path.stat().st_size / 1e6, 2)}
+        sess = OrtModel(path, threads=threads).session
+        backends.append(Backend(name, lambda ids, s=sess: s.run(["logits"], {"input_ids": ids.numpy()})[0],
+                                onnx=str(path)))
+        log(f"  exported {kind}/{name} in {exports[name]['seconds']} s")
+    dec_path = workdir / f"{kind}-decode.onnx"
+    export_model(model, dec_path, ExportOptions(decode=True, decomposed=kind == "standard"), validate=False)
+    decoder = OrtDecoder(dec_path, threads=threads)
+    backends[0].decode = ("ort", decoder)
+    return backends, exports
+
+
+def eager_decode_steps(model, prompt: torch.Tensor, steps: int):
+    with torch.inference_mode():
+        logits, cache = model.run(prompt)
+        tok = logits[:, -1:].argmax(-1)
+
+    def run():
+        c, t = cache, tok
+        with torch.inference_mode():
+            for _ in range(steps):
+                lg, c = model.run(t, cache=c)
+                t = lg[:, -1:].argmax(-1)
+
+    return run
+
+
+def ort_decode_steps(decoder, prompt: torch.Tensor, steps: int):
+    B, T = prompt.shape
+    logits, cache = decoder.step(prompt.numpy(), np.ones((B, T), np.int64), np.broadcast_to(np.arange(T), (B, T)),
+                                 decoder.empty_cache(B))
+    tok = logits[:, -1:].argmax(-1)
+
+    def run():
+        c, t = cache, tok
+        for s in range(steps):
+            lg, c = decoder.step(t, np.ones((B, T + s + 1), np.int64), np.full((B, 1), T + s), c)
+            t = lg[:, -1:].argmax(-1)
+
+    return run
+
+
+def try_compile(model, ids, log):
+    try:
+        compiled = torch.compile(model, dynamic=False)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            compiled(ids)
+        log(f"  torch.compile warm-up {time.perf_counter() - t0:.0f} s")
+        return compiled, None
+    except Exception as e:  # compile needs a working C++ toolchain and inductor support
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+
+def memory_probe(backend: str, path: str, shape) -> dict:
+    B, T = shape
+    if backend == "eager":
+        code = (f"import torch; from msar_export import load_checkpoint; torch.set_num_threads(2); "
+                f"m=load_checkpoint({path!r});\nwith torch.inference_mode(): m(torch.zeros({B},{T},dtype=torch.long))")
+    else:
+        code = (f"import numpy as np; from msar_export.runtime import OrtModel; "
+                f"OrtModel({path!r}, threads=2).session.run(['logits'], {{'input_ids': np.zeros(({B},{T}), np.int64)}})")
+    r = python_probe(code)
+    return {"peak_rss_mb": round(r["peak_rss_mb"], 1)} if r["returncode"] == 0 else {"error": r["stderr"][-300:]}
+
+
+def export_probe(n_params: int, workdir: Path, log) -> dict:
+    """Export a checkpoint of about n_params parameters in a child process:
+    wall time and peak RSS against the checkpoint's size on disk."""
+    d = 1024 if n_params >= 50e6 else 512
+    per_block = 4 * d * d + 3 * d * (8 * d // 3)  # attention + SwiGLU MLP weights
+    n_blocks = max(1, round((n_params - 256 * d) / per_block))
+    cfg = MSARConfig(vocab_size=256, d_model=d, n_blocks=n_blocks, n_heads=d // 64, n_kv_heads=d // 128,
+                     mlp_hidden=8 * d // 3, max_seq_len=4096, residual="msar")
+    model = random_model(cfg)
+    params = sum(p.numel() for p in model.parameters())
+    ckpt = workdir / "probe-ckpt"
+    save_checkpoint(model, ckpt)
+    del model
+    size_mb = (ckpt / "model.safetensors").stat().st_size / 1e6
+    log(f"  export probe: {params / 1e6:.1f} M parameters, checkpoint {size_mb:.0f} MB")
+    r = cli_probe("export", str(ckpt), "-o", str(workdir / "probe.onnx"), "--no-validate")
+    return {"parameters": params, "checkpoint_mb": round(size_mb, 1), "seconds": round(r["seconds"], 1),
+            "peak_rss_mb": round(r["peak_rss_mb"], 1), "rss_over_checkpoint": round(r["peak_rss_mb"] / size_mb, 2),
+            "returncode": r["returncode"]}
+
+
+def run_bench(settings: BenchSettings, log=print) -> dict:
+    torch.set_num_threads(settings.threads)
+    result = {"machine": machine_description(settings.threads), "settings": asdict(settings), "prefill": [],
+              "decode": [], "exports": {}, "memory": {}, "skipped": {}}
+    try:
+        import tensorrt  # noqa: F401
+
+        result["skipped"]["tensorrt"] = "benchmarking engines is not wired in yet; use trtexec on the built plan"
+    except Exception as e:
+        result["skipped"]["tensorrt"] = f"import tensorrt failed ({type(e).__name__}); no TensorRT on this machine"
+    with tempfile.TemporaryDirectory(prefix="msar-bench-") as tmp:
+        workdir = Path(tmp)
+        prefill_fns, decode_fns, ckpts = {}, {}, {}
+        for kind in settings.kinds:
+            log(f"== {kind}")
+            model = random_model(settings.config(kind))
+            ckpts[kind] = save_checkpoint(model, workdir / f"ckpt-{kind}")
+            backends, exports = ort_backends(model, kind, workdir, settings.threads, log)
+            result["exports"][kind] = exports
+            compiled, why = (try_compile(model, torch.zeros(settings.prefill_shapes[0], dtype=torch.long), log)
+                             if settings.compile else (None, "disabled (--no-compile)"))
+            if why:
+                result["skipped"][f"torch.compile/{kind}"] = why
+            for shape in settings.prefill_shapes:
+                ids = torch.randint(0, settings.vocab_size, shape, generator=torch.Generator().manual_seed(0))
+
+                def eager(ids=ids, m=model):
+                    with torch.inference_mode():
+                        m(ids)
+
+                prefill_fns[(kind, "eager", shape)] = eager
+                if compiled is not None:
+                    def comp(ids=ids, m=compiled):
+                        with torch.inference_mode():
+                            m(ids)
+
+                    prefill_fns[(kind, "torch.compile", shape)] = comp
+                for b in backends:
+                    prefill_fns[(kind, b.name, shape)] = lambda ids=ids, f=b.prefill: f(ids)
+                if settings.memory and shape == settings.prefill_shapes[0]:
+                    result["memory"][kind] = {"eager": memory_probe("eager", str(ckpts[kind]), shape)}
+                    for b in backends:
+                        result["memory"][kind][b.name] = memory_probe("ort", b.onnx, shape)
+            prompt = torch.randint(0, settings.vocab_size, (1, settings.decode_prompt),
+                                   generator=torch.Generator().manual_seed(1))
+            decode_fns[(kind, "eager")] = eager_decode_steps(model, prompt, settings.decode_steps)
+            decode_fns[(kind, "ort")] = ort_decode_steps(backends[0].decode[1], prompt, settings.decode_steps)
+        log("== timing prefill (round-robin over every backend and kind)")
+        timings = interleaved({k: f for k, f in prefill_fns.items()}, settings.warmup, settings.repeats)
+        for (kind, backend, shape), t in timings.items():
+            tokens = shape[0] * shape[1]
+            result["prefill"].append({"kind": kind, "backend": backend, "batch": shape[0], "seq": shape[1],
+                                      **t.as_dict(), "tokens_per_s": round(tokens / t.median_s, 1)})
+        log("== timing decode steps")
+        dt = interleaved(decode_fns, settings.warmup, settings.repeats)
+        for (kind, backend), t in dt.items():
+            result["decode"].append({"kind": kind, "backend": backend, "prompt": settings.decode_prompt,
+                                     "steps": settings.decode_steps, **t.as_dict(),
+                                     "tokens_per_s": round(settings.decode_steps / t.median_s, 1)})
+        if settings.export_probe_params:
+            result["export_probe"] = export_probe(settings.export_probe_params, workdir, log)
+    result["ratios"] = ratios(result)
+    return result
+
+
+def _median(result, kind, backend, batch, seq):
+    for r in result["prefill"]:
+        if (r["kind"], r["backend"], r["batch"], r["seq"]) == (kind, backend, batch, seq):
+            return r["median_s"]
+    return None
+
+
+def ratios(result: dict) -> dict:
+    """The goal ratios of issue 6, from one run's side-by-side medians."""
+    B, T = result["settings"]["prefill_shapes"][0]
+    out = {"shape": f"{B}x{T}"}
+    eager = _median(result, "msar", "eager", B, T)
+    for b in ("ort-custom", "ort-custom-retrieval", "ort-decomposed"):
+        t = _median(result, "msar", b, B, T)
+        if t and eager:
+            out[f"msar prefill speed-up {b} vs eager"] = round(eager / t, 2)
+    std = _median(result, "standard", "ort", B, T)
+    for b in ("ort-custom", "ort-custom-retrieval", "ort-decomposed"):
+        t = _median(result, "msar", b, B, T)
+        if t and std:
+            out[f"msar/standard time in ORT ({b})"] = round(t / std, 2)
+    dec = {(r["kind"], r["backend"]): r["tokens_per_s"] for r in result["decode"]}
+    if ("msar", "ort") in dec:
+        out["msar decode tokens/s ORT vs eager"] = round(dec[("msar", "ort")] / dec[("msar", "eager")], 2)
+    return out
+
+
+def write_results(result: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "results.json", json.dumps(result, indent=1) + "\n")
+    from .report import plot_results
+
+    plot_results(result, out_dir / "chart.png")

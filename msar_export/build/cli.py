@@ -1,0 +1,42 @@
+"""`msar-export build`: the command-line face of msar_export.build.build_engine.
+
+Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
+
+from __future__ import annotations
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+DESCRIPTION = """Build a TensorRT engine from an ONNX file made by `msar-export export`.
+The network is strongly typed, so the precision is the ONNX file's (export with
+--dtype); msar custom nodes need the plugin library (--plugins). Writes the plan
+atomically and a metadata file PLAN.json (TensorRT version, ONNX and plugin
+sha256, profile) that later runs check. Needs TensorRT and a GPU."""
+
+
+def cmd_build(a) -> int:
+    from .engine import build_engine
+
+    report = build_engine(a.onnx, a.output, dtype=a.dtype, shapes=a.shapes, plugin_libs=a.plugins,
+                          timing_cache=a.timing_cache, workspace_gb=a.workspace_gb, verbose=a.verbose,
+                          progress=lambda msg: print(msg, flush=True))
+    print(report.summary())
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("build", help="build a TensorRT engine from an exported ONNX file (needs TensorRT)",
+                              description=DESCRIPTION)
+    p.add_argument("onnx", help="ONNX file from `msar-export export`")
+    p.add_argument("-o", "--output", required=True, help="engine path (.plan); metadata goes to OUTPUT.json")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="check that the ONNX file has this precision (default: take the file's)")
+    p.add_argument("--shapes", action="append", default=[], metavar="DIM=MIN/OPT/MAX[,...]",
+                   help="optimisation profile for the dynamic dims batch, seq, past, e.g. "
+                        "batch=1/4/8,seq=1/128/512 (repeatable; defaults: batch=1/1/8, seq up to max_seq_len)")
+    p.add_argument("--plugins", action="append", default=[], metavar="LIB",
+                   help="plugin library to load, e.g. build/plugins/libmsar_plugins.so (repeatable; required "
+                        "when the file has msar custom nodes)")
+    p.add_argument("--timing-cache", metavar="FILE", help="TensorRT timing cache: read if present, then updated")
+    p.add_argument("--workspace-gb", type=float, default=None, help="builder workspace limit in GiB")
+    p.add_argument("--verbose", action="store_true", help="print TensorRT's info and verbose log")
+    p.set_defaults(func=cmd_build)

@@ -1,0 +1,174 @@
+/*
+ * TensorRT-facing helpers shared by the msar plugins: conversions between
+ * TensorRT structs and the plain types of msarPluginLogic.h, logging, and the
+ * noexcept guard every override runs its body in.
+ */
+#ifndef MSAR_PLUGIN_UTILS_H
+#define MSAR_PLUGIN_UTILS_H
+
+#include "NvInferRuntime.h"
+
+#include "msarPluginLogic.h"
+
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace msar
+{
+
+//! Log an error through the logger TensorRT handed to setLoggerFinder, or stderr.
+void logError(char const* where, char const* what) noexcept;
+void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
+
+//! Run `body` (returning T); on any exception log it and return `onError`.
+//! Every noexcept override of the plugins goes through this.
+template <typename T, typename F>
+T guarded(char const* where, T onError, F&& body) noexcept
+{
+    try
+    {
+        return body();
+    }
+    catch (std::exception const& e)
+    {
+        logError(where, e.what());
+    }
+    catch (...)
+    {
+        logError(where, "unknown exception");
+    }
+    return onError;
+}
+
+inline DType toDType(nvinfer1::DataType t) noexcept
+{
+    switch (t)
+    {
+    case nvinfer1::DataType::kFLOAT: return DType::kFLOAT32;
+    case nvinfer1::DataType::kHALF: return DType::kFLOAT16;
+    case nvinfer1::DataType::kBF16: return DType::kBFLOAT16;
+    default: return DType::kUNSUPPORTED;
+    }
+}
+
+inline Shape toShape(nvinfer1::Dims const& d)
+{
+    if (d.nbDims < 0 || d.nbDims > kMaxRank)
+    {
+        fail("tensor rank ", d.nbDims, " is outside 0..", kMaxRank);
+    }
+    Shape s;
+    s.nbDims = d.nbDims;
+    for (int32_t i = 0; i < d.nbDims; ++i)
+    {
+        s.d[i] = d.d[i];
+    }
+    return s;
+}
+
+//! Build-time shapes: a dimension expression is known only if constant.
+inline Shape toShape(nvinfer1::DimsExprs const& d)
+{
+    if (d.nbDims < 0 || d.nbDims > kMaxRank)
+    {
+        fail("tensor rank ", d.nbDims, " is outside 0..", kMaxRank);
+    }
+    Shape s;
+    s.nbDims = d.nbDims;
+    for (int32_t i = 0; i < d.nbDims; ++i)
+    {
+        s.d[i] = d.d[i] != nullptr && d.d[i]->isConstant() ? d.d[i]->getConstantValue() : -1;
+    }
+    return s;
+}
+
+inline FieldKind toFieldKind(nvinfer1::PluginFieldType t) noexcept
+{
+    switch (t)
+    {
+    case nvinfer1::PluginFieldType::kINT32: return FieldKind::kINT32;
+    case nvinfer1::PluginFieldType::kFLOAT32: return FieldKind::kFLOAT32;
+    case nvinfer1::PluginFieldType::kCHAR: return FieldKind::kCHAR;
+    default: return FieldKind::kOTHER;
+    }
+}
+
+inline nvinfer1::PluginFieldType toPluginFieldType(FieldKind k) noexcept
+{
+    switch (k)
+    {
+    case FieldKind::kINT32: return nvinfer1::PluginFieldType::kINT32;
+    case FieldKind::kFLOAT32: return nvinfer1::PluginFieldType::kFLOAT32;
+    case FieldKind::kCHAR: return nvinfer1::PluginFieldType::kCHAR;
+    case FieldKind::kOTHER: break;
+    }
+    return nvinfer1::PluginFieldType::kUNKNOWN;
+}
+
+inline std::vector<FieldView> toFieldViews(nvinfer1::PluginFieldCollection const* fc)
+{
+    std::vector<FieldView> out;
+    if (fc == nullptr)
+    {
+        return out;
+    }
+    if (fc->nbFields > 0 && fc->fields == nullptr)
+    {
+        fail("plugin field collection has ", fc->nbFields, " fields but no field array");
+    }
+    for (int32_t i = 0; i < fc->nbFields; ++i)
+    {
+        nvinfer1::PluginField const& f = fc->fields[i];
+        out.push_back(FieldView{f.name, toFieldKind(f.type), f.data, f.length});
+    }
+    return out;
+}
+
+//! Fill `storage` with PluginFields for `views` and point `fc` at them.
+inline void toPluginFields(std::vector<FieldView> const& views, std::vector<nvinfer1::PluginField>& storage,
+    nvinfer1::PluginFieldCollection& fc)
+{
+    storage.clear();
+    for (auto const& v : views)
+    {
+        storage.emplace_back(v.name, v.data, toPluginFieldType(v.kind), v.length);
+    }
+    fc.nbFields = static_cast<int32_t>(storage.size());
+    fc.fields = storage.data();
+}
+
+//! getFieldNames(): name and type of every field, no data.
+template <size_t N>
+void fieldNames(FieldSpec const (&specs)[N], std::vector<nvinfer1::PluginField>& storage,
+    nvinfer1::PluginFieldCollection& fc)
+{
+    storage.clear();
+    for (auto const& s : specs)
+    {
+        storage.emplace_back(s.name, nullptr, toPluginFieldType(s.kind), 0);
+    }
+    fc.nbFields = static_cast<int32_t>(storage.size());
+    fc.fields = storage.data();
+}
+
+inline void checkTypes(char const* op, nvinfer1::DataType const* types, int32_t nb)
+{
+    for (int32_t i = 0; i < nb; ++i)
+    {
+        DType const t = toDType(types[i]);
+        if (!isSupported(t))
+        {
+            fail(op, ": input ", i, " has an unsupported data type; use float32, float16 or bfloat16");
+        }
+        if (types[i] != types[0])
+        {
+            fail(op, ": all inputs must share one data type (input ", i, " is ", dtypeName(t), ", input 0 is ",
+                dtypeName(toDType(types[0])), ")");
+        }
+    }
+}
+
+} // namespace msar
+
+#endif // MSAR_PLUGIN_UTILS_H

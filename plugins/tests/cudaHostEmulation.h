@@ -1,0 +1,165 @@
+/*
+ * A tiny CUDA-on-CPU shim, for tests only: compiles the msar kernel sources
+ * (.cu) with g++ and runs them with one std::thread per CUDA thread, so the
+ * real kernel code - tiling, reduce-scatter, online softmax, indexing - can
+ * be checked against the eager PyTorch mixer on a machine without a GPU.
+ *
+ * What it emulates: threadIdx/blockIdx/blockDim/gridDim (x only), dynamic
+ * shared memory (MSAR_DYNAMIC_SHARED, one block at a time, NaN-poisoned), __syncthreads, __syncwarp and
+ * __shfl_xor_sync (lockstep through per-warp barriers). Blocks run one after
+ * another; "device pointers" are host pointers. Not emulated: timing,
+ * memory ordering subtleties, anything the kernels do not use.
+ *
+ * Usage: #include this header, then the .cu files (see emulationLib.cpp).
+ */
+#ifndef MSAR_CUDA_HOST_EMULATION_H
+#define MSAR_CUDA_HOST_EMULATION_H
+
+#ifndef MSAR_HOST_EMULATION
+#define MSAR_HOST_EMULATION 1
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __launch_bounds__(...)
+
+namespace msar_emu
+{
+
+struct Dim
+{
+    unsigned x{1}, y{1}, z{1};
+};
+
+struct Warp
+{
+    explicit Warp(int lanes)
+        : bar(lanes)
+    {
+    }
+    std::barrier<> bar;
+    float buf[32]{};
+};
+
+struct Block
+{
+    explicit Block(int threads)
+        : bar(threads)
+    {
+        for (int w = 0; w < (threads + 31) / 32; ++w)
+        {
+            int const lanes = threads - 32 * w < 32 ? threads - 32 * w : 32;
+            warps.emplace_back(std::make_unique<Warp>(lanes));
+        }
+    }
+    std::barrier<> bar;
+    std::vector<std::unique_ptr<Warp>> warps;
+};
+
+inline thread_local Dim tThreadIdx;
+inline thread_local Dim tBlockIdx;
+inline thread_local Block* tBlock = nullptr;
+inline Dim gBlockDim;
+inline Dim gGridDim;
+
+//! Dynamic shared memory of the running block (blocks run one at a time).
+inline std::vector<float>& sharedMemory()
+{
+    static std::vector<float> mem;
+    return mem;
+}
+
+inline Warp& currentWarp()
+{
+    return *tBlock->warps[tThreadIdx.x / 32];
+}
+
+template <typename... P>
+struct Launch
+{
+    void (*kernel)(P...);
+    unsigned grid;
+    unsigned block;
+    size_t shmem;
+
+    template <typename... A>
+    void operator()(A&&... args) const
+    {
+        gGridDim = Dim{grid, 1, 1};
+        gBlockDim = Dim{block, 1, 1};
+        for (unsigned b = 0; b < grid; ++b)
+        {
+            // Fresh, poisoned shared memory per block: a read before a write shows up as NaN.
+            sharedMemory().assign(shmem / sizeof(float) + 1, std::nanf(""));
+            Block blk(static_cast<int>(block));
+            std::vector<std::thread> threads;
+            threads.reserve(block);
+            for (unsigned t = 0; t < block; ++t)
+            {
+                threads.emplace_back([&, b, t]() {
+                    tThreadIdx = Dim{t, 0, 0};
+                    tBlockIdx = Dim{b, 0, 0};
+                    tBlock = &blk;
+                    kernel(args...);
+                    // A thread that returns early leaves its barriers.
+                    currentWarp().bar.arrive_and_drop();
+                    blk.bar.arrive_and_drop();
+                });
+            }
+            for (auto& th : threads)
+            {
+                th.join();
+            }
+        }
+    }
+};
+
+template <typename... P>
+Launch<P...> launch(void (*kernel)(P...), unsigned grid, unsigned block, size_t shmem)
+{
+    return Launch<P...>{kernel, grid, block, shmem};
+}
+
+} // namespace msar_emu
+
+#define threadIdx (::msar_emu::tThreadIdx)
+#define blockIdx (::msar_emu::tBlockIdx)
+#define blockDim (::msar_emu::gBlockDim)
+#define gridDim (::msar_emu::gGridDim)
+
+inline void __syncthreads()
+{
+    msar_emu::tBlock->bar.arrive_and_wait();
+}
+
+inline void __syncwarp(unsigned = 0xffffffffu)
+{
+    msar_emu::currentWarp().bar.arrive_and_wait();
+}
+
+inline float __shfl_xor_sync(unsigned, float v, int laneMask)
+{
+    auto& w = msar_emu::currentWarp();
+    unsigned const lane = msar_emu::tThreadIdx.x % 32;
+    w.buf[lane] = v;
+    w.bar.arrive_and_wait();
+    float const r = w.buf[lane ^ static_cast<unsigned>(laneMask)];
+    w.bar.arrive_and_wait();
+    return r;
+}
+
+inline float rsqrtf(float x)
+{
+    return 1.0F / std::sqrt(x);
+}
+
+#endif // MSAR_CUDA_HOST_EMULATION_H

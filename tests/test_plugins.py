@@ -1,0 +1,283 @@
+"""The TensorRT plugins (plugins/): sources compile, host logic, docs vs contract,
+and the real kernel code run on the CPU (cudaHostEmulation.h) against the
+eager mixer. No GPU and no TensorRT library needed; the glue tests need the
+TensorRT headers (TENSORRT_INCLUDE_DIR) and skip without them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from msar_export.build import kernels as K
+from msar_export.export.contracts import CONTRACTS, DEPTH_RETRIEVAL, FUSED_MIXER, PLUGIN_NAMESPACE, PLUGIN_VERSION
+
+REPO = Path(__file__).resolve().parent.parent
+PLUGINS = REPO / "plugins"
+README = {"FusedMixer": PLUGINS / "msarFusedMixerPlugin" / "README.md",
+          "DepthRetrieval": PLUGINS / "msarDepthRetrievalPlugin" / "README.md"}
+GLUE = ["common/msarPlugins.cpp", "msarFusedMixerPlugin/fusedMixerPlugin.cpp",
+        "msarDepthRetrievalPlugin/depthRetrievalPlugin.cpp"]
+KERNELS = ["msarFusedMixerPlugin/fusedMixerKernel.cu", "msarDepthRetrievalPlugin/depthRetrievalKernel.cu"]
+
+
+def trt_headers() -> str | None:
+    inc = os.environ.get("TENSORRT_INCLUDE_DIR")
+    return inc if inc and (Path(inc) / "NvInferRuntime.h").is_file() else None
+
+
+def gxx_with_cxx20() -> str | None:
+    """g++ >= 11 (std::barrier, used by the CPU emulation), or None."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        return None
+    out = subprocess.run([gxx, "-dumpversion"], capture_output=True, text=True).stdout.strip()
+    return gxx if out and int(out.split(".")[0]) >= 11 else None
+
+
+def run_compile_check(env_updates: dict) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TENSORRT_INCLUDE_DIR"}
+    env.update(env_updates)
+    return subprocess.run([str(PLUGINS / "compile_check.sh")], capture_output=True, text=True, env=env, timeout=300)
+
+
+# ---------------------------------------------------------------------------
+# Compilation
+
+
+@pytest.fixture(scope="module")
+def compile_check_without_headers():
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not found: the CUDA kernels cannot be compiled here")
+    return run_compile_check({})
+
+
+def test_kernels_compile_with_nvcc_for_sm80_and_sm90(compile_check_without_headers):
+    r = compile_check_without_headers
+    assert r.returncode == 0, r.stdout + r.stderr
+    for src in KERNELS:
+        for arch in ("sm_80", "sm_90"):
+            assert f"compiled: {src} ({arch})" in r.stdout.splitlines(), r.stdout
+
+
+def test_compile_check_skips_glue_without_headers(compile_check_without_headers):
+    lines = compile_check_without_headers.stdout.splitlines()
+    assert f"skipped: {' '.join(GLUE)} (no TensorRT headers: set TENSORRT_INCLUDE_DIR)" in lines
+    assert not any(line.startswith("FAILED") for line in lines)
+
+
+def test_compile_check_reports_a_compile_error():
+    """Negative control: a compiler that fails must make the script fail."""
+    r = run_compile_check({"NVCC": "false", "MSAR_CUDA_ARCHS": "80"})
+    assert r.returncode != 0
+    assert f"FAILED: {KERNELS[0]} (sm_80)" in r.stdout
+
+
+def test_glue_compiles_against_tensorrt_headers():
+    inc = trt_headers()
+    if inc is None:
+        pytest.skip("set TENSORRT_INCLUDE_DIR to the TensorRT include/ folder to compile the plugin glue")
+    r = run_compile_check({"TENSORRT_INCLUDE_DIR": inc, "MSAR_CUDA_ARCHS": "none"})
+    assert r.returncode == 0, r.stdout
+    for src in GLUE:
+        assert f"compiled: {src} (TensorRT headers)" in r.stdout.splitlines()
+
+
+# ---------------------------------------------------------------------------
+# Host-side logic (plugins/common/msarPluginLogic.h) and the glue, built with g++
+
+
+def test_host_logic(tmp_path):
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found")
+    exe = tmp_path / "logicTest"
+    subprocess.run([gxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{PLUGINS / 'common'}",
+                    str(PLUGINS / "tests" / "logicTest.cpp"), "-o", str(exe)], check=True, capture_output=True)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout
+    assert re.fullmatch(r"logicTest: \d+ checks passed\n", r.stdout)
+
+
+def test_glue_drives_plugins_on_emulated_kernels(tmp_path):
+    """IPluginV3 calls as TensorRT makes them, enqueue on the CPU build of the kernels."""
+    inc, gxx, cuda = trt_headers(), gxx_with_cxx20(), K.cuda_include_dir()
+    if inc is None:
+        pytest.skip("set TENSORRT_INCLUDE_DIR to the TensorRT include/ folder to test the plugin glue")
+    if gxx is None or cuda is None:
+        pytest.skip("needs g++ >= 11 and the CUDA headers")
+    exe = tmp_path / "glueTest"
+    sources = ["tests/glueTest.cpp", "tests/emulationLib.cpp", *GLUE]
+    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
+                    "-DMSAR_STATIC_REGISTRATION=0", "-isystem", inc, "-isystem", str(cuda),
+                    *[str(PLUGINS / s) for s in sources], "-o", str(exe)], check=True, capture_output=True)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.fullmatch(r"glueTest: \d+ checks passed\n", r.stdout)
+
+
+# ---------------------------------------------------------------------------
+# One contract: READMEs and the C++ constants agree with contracts.py
+
+
+def readme_tables(path: Path) -> dict[str, list[list[str]]]:
+    """{section: rows} for the first table under each `## ` heading; cells stripped of backticks."""
+    tables, section, rows = {}, None, None
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            section, rows = line[3:].strip(), None
+        elif line.startswith("|") and section is not None and section not in tables:
+            cells = [c.strip().replace("`", "") for c in line.strip().strip("|").split("|")]
+            if rows is None:
+                rows = []  # header row
+            elif not all(set(c) <= {"-", " ", ":"} for c in cells):
+                rows.append(cells)
+        elif rows is not None and section not in tables:
+            tables[section] = rows
+    if rows is not None and section not in tables:
+        tables[section] = rows
+    return tables
+
+
+@pytest.mark.parametrize("op", sorted(CONTRACTS))
+def test_readme_tables_match_contract(op):
+    contract, tables = CONTRACTS[op], readme_tables(README[op])
+    assert tables["Inputs"] == [[p.name, p.shape, p.dtype, "yes" if p.variadic else "no", p.doc]
+                                for p in contract.inputs]
+    assert tables["Outputs"] == [[p.name, p.shape, p.dtype, p.doc] for p in contract.outputs]
+    attrs = tables["Attributes"]
+    assert [r[:2] + [r[3]] for r in attrs] == [[a.name, a.type, a.doc] for a in contract.attributes]
+    for row, a in zip(attrs, contract.attributes):
+        assert (row[2] == "required") if a.default is None else (ast.literal_eval(row[2]) == a.default), row
+    header = README[op].read_text()
+    assert f"| `{op}` | `{PLUGIN_VERSION}` | `\"{PLUGIN_NAMESPACE}\"` |" in header
+    assert "## Changelog" in header
+
+
+def test_readme_parser_sees_a_drift(tmp_path):
+    """Negative control for the table parser: an edited shape is a different table."""
+    text = README["FusedMixer"].read_text().replace("| `gate_bias` | `[m]` |", "| `gate_bias` | `[m, 1]` |")
+    (tmp_path / "README.md").write_text(text)
+    rows = readme_tables(tmp_path / "README.md")["Inputs"]
+    assert ["gate_bias", "[m, 1]"] == rows[2][:2]
+
+
+def test_cpp_constants_match_contract():
+    src = (PLUGINS / "common" / "msarPluginLogic.h").read_text()
+    kinds = {"INTS": "kINT32", "INT": "kINT32", "FLOAT": "kFLOAT32", "STRING": "kCHAR"}
+    for contract, array in ((FUSED_MIXER, "kFusedMixerFields"), (DEPTH_RETRIEVAL, "kDepthRetrievalFields")):
+        body = re.search(array + r"\[\] = \{(.*?)\n\};", src, re.S).group(1)
+        fields = re.findall(r'\{"(\w+)", FieldKind::(\w+)\}', body)
+        assert fields == [(a.name, kinds[a.type]) for a in contract.attributes]
+    assert f'kFusedMixerFixedInputs = {FUSED_MIXER.n_fixed_inputs};' in src
+    assert f'kDepthRetrievalFixedInputs = {DEPTH_RETRIEVAL.n_fixed_inputs};' in src
+    assert f'kPluginVersion = "{PLUGIN_VERSION}";' in src
+    assert f'kPluginNamespace = "{PLUGIN_NAMESPACE}";' in src
+    assert f'kFusedMixerName = "{FUSED_MIXER.name}";' in src and f'kDepthRetrievalName = "{DEPTH_RETRIEVAL.name}";' in src
+
+
+# ---------------------------------------------------------------------------
+# The kernel source, run on the CPU
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    if gxx_with_cxx20() is None or K.cuda_include_dir() is None:
+        pytest.skip("the CPU emulation of the kernels needs g++ >= 11 and the CUDA headers (no GPU)")
+    return K.KernelLibrary(K.compile_emulation_library(tmp_path_factory.mktemp("emu") / "libmsar_emu.so"))
+
+
+FUSED_CASES = [  # (n, stream_kernels, B, T, d): every stream bucket (2/4/8), odd d, n = 1, T < tile
+    (1, [1], 2, 5, 32),
+    (2, [1, 2], 1, 11, 33),
+    (3, [1, 3, 5], 2, 9, 40),
+    (4, [1, 4, 8, 12], 1, 19, 64),
+    (2, [1, 2, 3, 4, 5, 6], 1, 6, 40),
+]
+
+
+@pytest.mark.parametrize("n,ks,B,T,d", FUSED_CASES, ids=[f"n{c[0]}-k{'-'.join(map(str, c[1]))}" for c in FUSED_CASES])
+def test_emulated_fused_mixer_matches_eager_mixer(emulated, n, ks, B, T, d):
+    inp = K.random_fused_mixer_inputs(n, B, T, d, ks, seed=n + d)
+    got = emulated.fused_mixer(**inp)
+    eager = K.eager_fused_mixer(**inp)
+    assert K.rel_err(got, eager) <= 1e-5
+    assert K.rel_err(got, K.reference_fused_mixer64(**inp)) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_emulated_fused_mixer_half_types(emulated, dtype):
+    inp = K.random_fused_mixer_inputs(3, 2, 7, 40, [1, 3, 5], dtype=dtype, seed=1)
+    got = emulated.fused_mixer(**inp)
+    assert got.dtype == dtype
+    eager = K.eager_fused_mixer(**inp).to(dtype)  # float32 inside, rounded once at the end
+    assert K.rel_err(got, eager) <= (2e-3 if dtype == torch.float16 else 1.6e-2)
+
+
+def test_emulated_fused_mixer_is_causal(emulated):
+    inp = K.random_fused_mixer_inputs(3, 1, 20, 32, [1, 4, 8, 12], seed=2)
+    a = emulated.fused_mixer(**inp)
+    inp["sources"] = [torch.cat([s[:, :12], s[:, 12:] + 1.0], dim=1) for s in inp["sources"]]
+    b = emulated.fused_mixer(**inp)
+    assert torch.equal(a[:, :12], b[:, :12])
+    assert not torch.allclose(a[:, 12:], b[:, 12:])
+
+
+def test_emulated_fused_mixer_catches_a_wrong_tap(emulated):
+    """Negative control: one tap off by 2% in the reference must show."""
+    inp = K.random_fused_mixer_inputs(2, 1, 9, 32, [1, 3, 5], seed=4)
+    got = emulated.fused_mixer(**inp)
+    wrong = dict(inp, conv_weight=inp["conv_weight"].clone())
+    wrong["conv_weight"][1, :, 0] *= 1.02
+    assert K.rel_err(got, K.reference_fused_mixer64(**wrong)) > 1e-4
+
+
+def test_emulated_depth_retrieval_matches_eager(emulated):
+    g = torch.Generator().manual_seed(0)
+    q = 0.3 * torch.randn(4, 40, generator=g)
+    views = [torch.randn(2, 3, 4, 40, generator=g) for _ in range(3)]
+    got = emulated.depth_retrieval(q, views, 1e-6)
+    assert K.rel_err(got, K.eager_depth_retrieval(q, views, 1e-6)) <= 1e-5
+    assert K.rel_err(got, K.reference_depth_retrieval64(q, views, 1e-6)) <= 1e-5
+
+
+def test_emulated_kernel_refuses_bad_arguments(emulated):
+    inp = K.random_fused_mixer_inputs(2, 1, 4, 32, [1, 3], seed=0)
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        emulated.fused_mixer(**dict(inp, stream_kernels=[2, 3]))
+    with pytest.raises(RuntimeError, match="workspace too small"):
+        emulated.fused_mixer(**inp, workspace=torch.empty(8, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="invalid argument"):  # N < n
+        emulated.fused_mixer(**dict(inp, conv_weight=inp["conv_weight"][:1].contiguous()))
+
+
+# ---------------------------------------------------------------------------
+# scripts/gpu_check.sh and its helper
+
+
+def test_gpu_check_helper_runs_on_the_emulated_kernels(emulated, tmp_path):
+    out = tmp_path / "results.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--emulation", str(emulated.path),
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = json.loads(out.read_text())
+    assert results["failed"] == 0 and len(results["results"]) >= 10
+    assert {row["op"] for row in results["results"]} == {"FusedMixer", "DepthRetrieval"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the real check would run")
+def test_gpu_check_skips_without_a_gpu(tmp_path):
+    r = subprocess.run([str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHON": sys.executable, "MSAR_GPU_CHECK_DIR": str(tmp_path / "g")})
+    assert r.returncode == 0
+    assert r.stdout.strip() == "skipped: no CUDA device"
+    assert not (tmp_path / "g").exists()
