@@ -43,4 +43,6 @@ if $X --help | grep -q " build "; then
         echo "skipped: TensorRT is not installed here (import tensorrt fails); see docs/tensorrt.md"
     fi
 fi
+echo "== benchmark smoke run (tiny model; the full run is: msar-export bench -o benchmarks)"
+$X bench --quick --no-compile -o "$OUT/bench"
 echo "== done: outputs in $OUT"
