@@ -369,3 +369,18 @@ def test_tensorrt_import_error_is_backend_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     with pytest.raises(BackendUnavailable, match=r"^TensorRT is not installed \(import tensorrt failed: "):
         engine_mod.import_tensorrt()
+
+
+def test_inputs_outside_the_profile_are_refused():
+    from msar_export.build.metadata import EngineMetadata, FileRecord, check_input_shapes
+    from msar_export.errors import EngineError
+
+    meta = EngineMetadata("10.0", "float32", FileRecord("m.onnx", "0" * 64), [], "0" * 64,
+                          profiles={"input_ids": {"min": [1, 1], "opt": [1, 64], "max": [4, 128]}})
+    check_input_shapes(meta, {"input_ids": (4, 128)})
+    with pytest.raises(EngineError, match="axis 1 is 129, outside the engine's optimisation profile"):
+        check_input_shapes(meta, {"input_ids": (1, 129)})
+    with pytest.raises(EngineError, match="rank 3"):
+        check_input_shapes(meta, {"input_ids": (1, 2, 3)})
+    with pytest.raises(EngineError, match="not an input"):
+        check_input_shapes(meta, {"attention_mask": (1, 2)})

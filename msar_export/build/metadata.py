@@ -146,3 +146,19 @@ def verify_engine_metadata(plan: str | os.PathLike, onnx_path: str | os.PathLike
     if problems:
         raise EngineError(f"engine {plan} does not match: " + "; ".join(problems) + f"; {rebuild}")
     return meta
+
+
+def check_input_shapes(meta: EngineMetadata, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse inputs outside the engine's optimisation profile, naming the input,
+    the axis and the range, before TensorRT sees them."""
+    for name, shape in shapes.items():
+        prof = meta.profiles.get(name)
+        if prof is None:
+            raise EngineError(f"input {name!r} is not an input of this engine (inputs: {sorted(meta.profiles)})")
+        lo, hi = prof["min"], prof["max"]
+        if len(shape) != len(lo):
+            raise EngineError(f"input {name!r} has rank {len(shape)}, the engine expects rank {len(lo)}")
+        for axis, (n, a, b) in enumerate(zip(shape, lo, hi)):
+            if not a <= n <= b:
+                raise EngineError(f"input {name!r} axis {axis} is {n}, outside the engine's optimisation profile "
+                                  f"[{a}, {b}]; rebuild with wider --shapes")

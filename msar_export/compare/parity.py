@@ -276,6 +276,14 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
         # Asked to check an engine that cannot run here: an error, never a silent skip.
         raise BackendUnavailable(f"--engine {engine_path}: cannot run a TensorRT engine on this machine ({trt_skip})")
     shapes = check_shapes(shapes if shapes is not None else default_shapes(cfg), cfg)
+    if engine_path is not None:
+        # The engine's build record must name this ONNX file and these plugin
+        # libraries, and every check shape must lie inside its profile.
+        from ..build.metadata import check_input_shapes, verify_engine_metadata
+
+        meta = verify_engine_metadata(engine_path, graph.path, plugins)
+        for shape in shapes:
+            check_input_shapes(meta, {"input_ids": tuple(shape)})
     feeds = token_batches(cfg, shapes, seed)
     names = output_names(cfg)
     order = layer_order(cfg)
