@@ -105,17 +105,25 @@ def test_each_stream_normalises_on_its_own():
     assert torch.allclose(zc, const[0], atol=1e-6)
 
 
-def test_scores_once_per_source_equal_the_retrieval_equation():
-    """The model's fast path (scores of a source against all later mixers at
-    once) computes exactly depth_retrieval's q . RMSNorm(x) softmax sum."""
-    from msar_export.model.mixing import retrieval_scores, weighted_depth_sum
+@pytest.mark.parametrize("gated", [True, False])
+def test_per_source_projections_equal_retrieval_then_fusion(gated):
+    """The model's fast path (scores and gate-logit parts of a source against
+    all later mixers at once, z never formed) computes exactly
+    depth_retrieval + stream_fusion, the equations as written."""
+    from msar_export.model.mixing import mix_from_projections, source_projections, stream_fusion
 
-    n, m, d = 5, 3, 16
-    views = [torch.randn(2, 7, m, d) * (i + 1) for i in range(n)]
-    q = torch.randn(m, d)
-    ref = depth_retrieval(q, torch.stack(views), rms_normalize(torch.stack(views), 1e-6))
-    scores = torch.stack([retrieval_scores(v, q[None], 1e-6)[0] for v in views])
-    assert torch.allclose(weighted_depth_sum(torch.softmax(scores, 0), views), ref, atol=1e-5)
+    n, m, d = 5, 3 if gated else 1, 16
+    g = torch.Generator().manual_seed(0)
+    views = [torch.randn(2, 7, m, d, generator=g) * (i + 1) for i in range(n)]
+    q, W = torch.randn(m, d, generator=g), torch.randn(m, m * d, generator=g) / d
+    b, a = torch.randn(m, generator=g), torch.tensor(1.7)
+    z = depth_retrieval(q, torch.stack(views), rms_normalize(torch.stack(views), 1e-6))
+    ref = stream_fusion(z, W, b, a) if gated else z[:, :, 0]
+    proj = [source_projections(v, q[None], W[None] if gated else None, 1e-6) for v in views]
+    scores = torch.stack([s[0] for s, _ in proj])
+    parts = torch.stack([p[0] for _, p in proj]) if gated else None
+    got = mix_from_projections(scores, parts, views, b if gated else None, a if gated else None)
+    assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_zero_query_is_uniform_depth_average():

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..config import MSARConfig
 from .layers import AttentionSublayer, MLPSublayer, RMSNorm, rotary_cos_sin
-from .mixing import DepthMixer, SourceExpansion, retrieval_scores, weighted_depth_sum
+from .mixing import DepthMixer, SourceExpansion, mix_from_projections, source_projections
 
 
 @dataclass
@@ -80,14 +80,15 @@ class EagerDepthPath(DepthPath):
     """`attnres` / `msar`: expand each source once into its views, then each
     mixer retrieves over the views of all earlier sources.
 
-    The scores q_l^(r) . RMSNorm(x_i^(r)) of source i against every later
-    mixer l are computed once, when the source appears (one matmul), so a
-    mixer only reads each earlier view once, for the weighted sum."""
+    What a source contributes to every later mixer (its scores against their
+    queries, its share of their gate logits) is computed once, when the source
+    appears, in one matmul; a mixer then reads each earlier view only once."""
 
     def __init__(self, model, history, source_mask):
         super().__init__(model, history, source_mask)
         self.views: list[torch.Tensor] = []
         self.scores: list[torch.Tensor] = []  # source i: (L+1-i, B, T, m) for mixers i+1..L+1
+        self.parts: list[torch.Tensor | None] = []  # source i: (L+1-i, B, T, m, m) gate-logit parts
 
     def expand(self, i, x):
         """Source i -> its views (B, T, m, d) float32, recording the conv state."""
@@ -102,13 +103,19 @@ class EagerDepthPath(DepthPath):
     def add_source(self, i, x):
         views = self.expand(i, x)
         self.views.append(views)
-        queries = self.model.queries_from(i + 1)  # (n_later, m, d)
-        self.scores.append(retrieval_scores(views, queries, self.model.cfg.mixer_eps))
+        queries, gates = self.model.later_mixer_weights(i + 1)
+        scores, parts = source_projections(views, queries, gates, self.model.cfg.mixer_eps)
+        self.scores.append(scores)
+        self.parts.append(parts)
 
     def mix(self, l):
-        scores = torch.stack([s[l - 1 - i] for i, s in enumerate(self.scores)])  # (l, B, T, m)
-        z = weighted_depth_sum(torch.softmax(scores, dim=0), self.views)
-        return self.model.mixers[str(l)].fuse(z)
+        pick = [l - 1 - i for i in range(l)]  # mixer l's row in each earlier source's projections
+        scores = torch.stack([s[k] for s, k in zip(self.scores, pick)])  # (l, B, T, m)
+        mixer = self.model.mixers[str(l)]
+        if not mixer.gated:
+            return mix_from_projections(scores, None, self.views, None, None)
+        parts = torch.stack([p[k] for p, k in zip(self.parts, pick)])  # (l, B, T, m, m)
+        return mix_from_projections(scores, parts, self.views, mixer.gate.bias, mixer.gate_scale)
 
 
 class MSARLM(nn.Module):
@@ -135,9 +142,12 @@ class MSARLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def queries_from(self, first: int) -> torch.Tensor:
-        """Pseudo-queries of mixers first..L+1, stacked: (L+2-first, m, d)."""
-        return torch.stack([self.mixers[str(j)].query for j in range(first, self.cfg.n_sublayers + 2)])
+    def later_mixer_weights(self, first: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Queries (Q, m, d) and gate weights (Q, m, m*d) or None of mixers first..L+1."""
+        mixers = [self.mixers[str(j)] for j in range(first, self.cfg.n_sublayers + 2)]
+        queries = torch.stack([mx.query for mx in mixers])
+        gates = torch.stack([mx.gate.weight for mx in mixers]) if mixers[0].gated else None
+        return queries, gates
 
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.cfg.tie_embeddings else self.lm_head.weight

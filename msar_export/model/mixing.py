@@ -62,20 +62,45 @@ def depth_retrieval(query: torch.Tensor, views: torch.Tensor, keys: torch.Tensor
     return (alpha.unsqueeze(-1) * views).sum(0)
 
 
-def retrieval_scores(views: torch.Tensor, queries: torch.Tensor, eps: float) -> torch.Tensor:
-    """Scores of one source against several mixers' queries at once.
+def source_projections(views: torch.Tensor, queries: torch.Tensor, gate_weights: torch.Tensor | None, eps: float):
+    """Everything later mixers need from one source's views, in one matmul.
 
-    views (B,T,m,d), queries (Q,m,d) -> (Q,B,T,m) = q^(r) . RMSNorm(x^(r)),
-    written as (q . x) / rms(x) so the view is read once for all Q mixers."""
+    views (B,T,m,d); queries (Q,m,d) and gate_weights (Q,m,m*d) of the Q later
+    mixers.  Returns scores (Q,B,T,m) = q^(r) . RMSNorm(x^(r)), written as
+    (q . x) / rms(x), and gate parts (Q,B,T,m,m) with [.., r', r] = x^(r) . W[r', r-th d-block]:
+    the fusion logits are linear in z = sum_i alpha_i x_i, so they are the
+    alpha-weighted sum of these parts and z itself is never materialised."""
     B, T, m, d = views.shape
-    rinv = torch.rsqrt(views.pow(2).mean(-1) + eps)  # (B, T, m)
-    qx = torch.matmul(views.permute(2, 0, 1, 3).reshape(m, B * T, d), queries.float().permute(1, 2, 0))  # (m, BT, Q)
-    return qx.permute(2, 1, 0).reshape(-1, B, T, m) * rinv
+    Q = queries.shape[0]
+    rinv = torch.rsqrt((views * views).mean(-1) + eps)  # (B, T, m)
+    cols = [queries.float().permute(1, 2, 0)]  # (m, d, Q)
+    if gate_weights is not None:
+        cols.append(gate_weights.float().reshape(Q, m, m, d).permute(2, 3, 0, 1).reshape(m, d, Q * m))
+    proj = torch.matmul(views.permute(2, 0, 1, 3).reshape(m, B * T, d), torch.cat(cols, dim=-1))  # (m, BT, Q(1+m))
+    scores = proj[..., :Q].permute(2, 1, 0).reshape(Q, B, T, m) * rinv
+    if gate_weights is None:
+        return scores, None
+    parts = proj[..., Q:].reshape(m, B, T, Q, m).permute(3, 1, 2, 4, 0)  # (Q, B, T, m', m)
+    return scores, parts
 
 
-def weighted_depth_sum(alpha: torch.Tensor, views: list[torch.Tensor]) -> torch.Tensor:
-    """z^(r) = sum_i alpha_i^(r) x_i^(r); alpha (n,B,T,m), views n x (B,T,m,d)."""
-    return (alpha.unsqueeze(-1) * torch.stack(views)).sum(0)
+def mix_from_projections(scores: torch.Tensor, parts: torch.Tensor | None, views: list[torch.Tensor],
+                         gate_bias: torch.Tensor | None, gate_scale: torch.Tensor | None) -> torch.Tensor:
+    """h_l from the l earlier sources: scores (l,B,T,m), parts (l,B,T,m,m) or None (no gate).
+
+    alpha = softmax over depth; gate logits = sum_i sum_r alpha_i^(r) parts_i[., r];
+    h = sum_i sum_r (g^(r) alpha_i^(r)) x_i^(r): each earlier view is read once."""
+    alpha = torch.softmax(scores, dim=0)  # (l, B, T, m)
+    coef = alpha
+    if parts is not None:
+        logits = (alpha.unsqueeze(-2) * parts).sum(dim=(0, -1))  # (B, T, m)
+        g = torch.sigmoid(gate_scale.float() * logits + gate_bias.float())
+        coef = alpha * g
+    h = None
+    for i, v in enumerate(views):
+        term = torch.matmul(coef[i].unsqueeze(-2), v).squeeze(-2)  # (B, T, d)
+        h = term if h is None else h + term
+    return h
 
 
 def stream_fusion(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
