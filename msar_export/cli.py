@@ -20,6 +20,7 @@ REGISTRARS: tuple[str, ...] = (
     "msar_export.compare.cli",
     "msar_export.bench.cli",
     "msar_export.build.cli",
+    "msar_export.serving.cli",
 )
 
 
@@ -80,7 +81,7 @@ def cmd_export(a) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """Usage errors are bad input too: one line on stderr, exit 2."""
 
     def error(self, message: str):
@@ -88,8 +89,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="msar-export", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    p = Parser(prog="msar-export", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     t = sub.add_parser("train", help="train the default byte-level models (msar, standard, attnres) on stdlib sources")
     t.add_argument("-o", "--out", default="runs/default", help="output directory (one checkpoint per kind)")
@@ -138,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "generate" and not (args.checkpoint or args.onnx):
         print("msar-export generate: error: give a checkpoint directory or --onnx MODEL", file=sys.stderr)
         return 2
+    return run_command(args)
+
+
+def run_command(args) -> int:
+    """Run a parsed subcommand: user errors one line + exit 2, bugs a traceback + exit 1."""
     try:
         return args.func(args)
     except MsarError as e:

@@ -1,0 +1,168 @@
+"""Triton `config.pbtxt`: I/O read from the ONNX graph, rendered as protobuf text,
+and validated by parsing it with Triton's own ModelConfig schema.
+
+The schema is `model_config.proto` as compiled into tritonclient
+(`tritonclient.grpc.model_config_pb2`).  tritonclient needs protobuf<7, which
+the main venv does not have: there validation runs in .venv-triton
+(pbtxt_check.py, run as a script there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BackendUnavailable, MsarError, OnnxModelError
+
+# onnx.TensorProto.DataType -> Triton data type
+ONNX_TO_TRITON = {
+    1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
+    7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64", 12: "TYPE_UINT32",
+    13: "TYPE_UINT64", 16: "TYPE_BF16",
+}
+
+
+class ConfigInvalid(MsarError):
+    """A generated config.pbtxt does not parse with Triton's ModelConfig schema."""
+
+
+class Enum(str):
+    """A protobuf enum value: rendered bare (KIND_CPU), not quoted."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str                      # Triton TYPE_*
+    shape: tuple                    # full shape; int, or str for a symbolic / unknown dim
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    metadata: dict
+
+    def batch_symbol(self):
+        """The symbol every input and output has as its first dim, or None: only then can
+        Triton batch requests (the decode graph's conv state has batch second)."""
+        firsts = {t.shape[0] if t.shape else None for t in self.inputs + self.outputs}
+        if len(firsts) == 1:
+            sym = next(iter(firsts))
+            if isinstance(sym, str):
+                return sym
+        return None
+
+
+def read_onnx_io(path: str | os.PathLike) -> GraphIO:
+    """Inputs / outputs (names, element types, dims) of an ONNX file, without loading its weights."""
+    import onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise OnnxModelError(f"{path}: no such file")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # DecodeError, or onnx's own ValidationError for garbage
+        raise OnnxModelError(f"{path}: not an ONNX model ({type(e).__name__}); give a file from `msar-export export`") from None
+    if not proto.graph.output:
+        raise OnnxModelError(f"{path}: not an ONNX model (no graph outputs); give a file from `msar-export export`")
+    inits = {t.name for t in proto.graph.initializer}
+
+    def spec(v) -> TensorSpec:
+        tt = v.type.tensor_type
+        if not v.type.HasField("tensor_type"):
+            raise OnnxModelError(f"{path}: graph I/O '{v.name}' is not a tensor; Triton cannot serve it")
+        if tt.elem_type not in ONNX_TO_TRITON:
+            raise OnnxModelError(f"{path}: graph I/O '{v.name}' has ONNX element type {tt.elem_type}, "
+                                 "which Triton has no data type for")
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)
+        return TensorSpec(v.name, ONNX_TO_TRITON[tt.elem_type], dims)
+
+    ins = tuple(spec(v) for v in proto.graph.input if v.name not in inits)
+    outs = tuple(spec(v) for v in proto.graph.output)
+    return GraphIO(ins, outs, {p.key: p.value for p in proto.metadata_props})
+
+
+def triton_dims(spec: TensorSpec, batched: bool) -> list[int]:
+    dims = list(spec.shape[1:] if batched else spec.shape)
+    return [d if isinstance(d, int) else -1 for d in dims]
+
+
+# -- protobuf text format -----------------------------------------------------
+
+def _scalar(v) -> str:
+    if isinstance(v, Enum):
+        return str(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))  # a double-quoted string with C-style escapes: valid text format
+
+
+def render(msg: dict, indent: int = 0) -> str:
+    """Render a nested dict as protobuf text format (lists of dicts -> `key [ {..}, {..} ]`)."""
+    pad = "  " * indent
+    lines = []
+    for key, val in msg.items():
+        if val is None:
+            continue
+        if isinstance(val, dict):
+            lines.append(f"{pad}{key} {{\n{render(val, indent + 1)}{pad}}}")
+        elif isinstance(val, (list, tuple)):
+            if not val:
+                continue
+            if all(isinstance(x, dict) for x in val):
+                items = [f"{pad}  {{\n{render(x, indent + 2)}{pad}  }}" for x in val]
+                lines.append(f"{pad}{key} [\n" + ",\n".join(items) + f"\n{pad}]")
+            else:
+                lines.append(f"{pad}{key}: [ " + ", ".join(_scalar(x) for x in val) + " ]")
+        else:
+            lines.append(f"{pad}{key}: {_scalar(val)}")
+    return "".join(line + "\n" for line in lines)
+
+
+def io_entry(spec: TensorSpec, batched: bool, **extra) -> dict:
+    return {"name": spec.name, "data_type": Enum(spec.dtype), "dims": triton_dims(spec, batched) or None, **extra}
+
+
+def parameters(params: dict[str, str]) -> list[dict]:
+    return [{"key": k, "value": {"string_value": str(v)}} for k, v in params.items()]
+
+
+# -- validation with Triton's ModelConfig schema ------------------------------
+
+from .pbtxt_check import check_config, parse_model_config  # noqa: E402,F401  (re-exported; standalone script too)
+
+
+def validate_files(paths: list[Path]) -> dict[str, str | None]:
+    """{path: None | problem} for each config.pbtxt, in whichever interpreter has tritonclient."""
+    from .env import have_tritonclient, triton_python
+
+    if have_tritonclient():
+        return {str(p): check_config(Path(p).read_text(), Path(p).parent.name) for p in paths}
+    py = triton_python()
+    env = dict(os.environ)
+    env.pop("PYTHONHOME", None)
+    out = subprocess.run([py, str(Path(__file__).with_name("pbtxt_check.py")), *map(str, paths)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BackendUnavailable(f"cannot validate config.pbtxt with {py} ({tail[:200]})") from None
+
+
+def validate_repository(repo: str | os.PathLike) -> list[Path]:
+    """Validate every */config.pbtxt under `repo`; raise ConfigInvalid naming the first bad one."""
+    paths = sorted(Path(repo).glob("*/config.pbtxt"))
+    if not paths:
+        raise ConfigInvalid(f"{repo}: no */config.pbtxt to validate")
+    for path, problem in validate_files(paths).items():
+        if problem:
+            raise ConfigInvalid(f"{Path(path).parent.name}/config.pbtxt: {problem}")
+    return paths

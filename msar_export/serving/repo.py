@@ -1,0 +1,395 @@
+"""Triton model repositories, written atomically (temp dir, validate, rename).
+
+- `build_stock_repo`: one model for Triton's stock backends: `onnxruntime` for
+  an ONNX file, `tensorrt` for a serialised engine (plugin libraries copied in).
+- `build_serving_repo`: the `logits` and `generate` models that `msar-export
+  serve` runs on the Python backend (triton_model.py over ONNX Runtime).
+
+Every repository carries `manifest.json` (sha256 of each file) so a restart can
+check that nothing it serves was lost or changed (`verify_repo`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ..errors import EngineError, InputError, OnnxModelError
+from ..fileio import atomic_dir, file_sha256
+from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
+
+MANIFEST = "manifest.json"
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+TRT_EXTS = (".plan", ".engine", ".trt")
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _dir_mode(path: Path) -> None:
+    """mkdtemp makes 0700 directories; a repository must be readable by the server's user."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o777 & ~umask)
+
+
+def write_manifest(root: Path, extra: dict) -> dict:
+    files = {str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    manifest = {**extra, "files": files}
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    _dir_mode(root)
+    return manifest
+
+
+def verify_repo(repo: str | os.PathLike) -> list[str]:
+    """Problems with a repository against its manifest ([] when every file is there, unchanged)."""
+    repo = Path(repo)
+    try:
+        manifest = json.loads((repo / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        return [f"{repo / MANIFEST}: unreadable ({type(e).__name__})"]
+    problems = []
+    for rel, sha in manifest.get("files", {}).items():
+        p = repo / rel
+        if not p.is_file():
+            problems.append(f"{rel}: missing")
+        elif file_sha256(p) != sha:
+            problems.append(f"{rel}: changed")
+    return problems
+
+
+def _model_name(name: str | None, path: Path) -> str:
+    name = name or re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem) or "model"
+    if not NAME_RE.match(name):
+        raise InputError(f"--name {name!r}: use letters, digits, '_', '.', '-' (a directory name Triton accepts)")
+    return name
+
+
+def _onnx_external_files(path: Path) -> list[str]:
+    """Relative locations of the external-data files an ONNX model points at."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    locs = set()
+    for t in proto.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location":
+                    locs.add(e.value)
+    return sorted(locs)
+
+
+def _engine_io(path: Path, plugins: list[Path]) -> GraphIO:
+    """Engine I/O through TensorRT itself (needs tensorrt and a GPU to deserialise)."""
+    import ctypes
+
+    import tensorrt as trt
+
+    for p in plugins:
+        ctypes.CDLL(str(p), mode=ctypes.RTLD_GLOBAL)
+    logger = trt.Logger(trt.Logger.ERROR)
+    trt.init_libnvinfer_plugins(logger, "")
+    engine = trt.Runtime(logger).deserialize_cuda_engine(path.read_bytes())
+    if engine is None:
+        raise EngineError(f"{path}: TensorRT cannot deserialise this engine (wrong TensorRT version or missing plugins?)")
+    names = {trt.float32: "TYPE_FP32", trt.float16: "TYPE_FP16", trt.int32: "TYPE_INT32", trt.int8: "TYPE_INT8",
+             trt.bool: "TYPE_BOOL"}
+    for attr, t in (("int64", "TYPE_INT64"), ("bfloat16", "TYPE_BF16"), ("uint8", "TYPE_UINT8")):
+        if hasattr(trt, attr):
+            names[getattr(trt, attr)] = t
+    from .modelconfig import TensorSpec
+
+    ins, outs = [], []
+    for i in range(engine.num_io_tensors):
+        n = engine.get_tensor_name(i)
+        shape = tuple(d if d >= 0 else "batch" if k == 0 else "?" for k, d in enumerate(engine.get_tensor_shape(n)))
+        spec = TensorSpec(n, names[engine.get_tensor_dtype(n)], shape)
+        (ins if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT else outs).append(spec)
+    return GraphIO(tuple(ins), tuple(outs), {})
+
+
+def stock_config(name: str, backend: str, io: GraphIO, max_batch: int, kind: str, instances: int,
+                 queue_delay_us: int, batching: bool) -> tuple[str, bool]:
+    """config.pbtxt text for a stock backend, and whether Triton may batch this graph."""
+    batched = io.batch_symbol() is not None and max_batch > 0
+    cfg = {
+        "name": name,
+        "backend": backend,
+        "max_batch_size": max_batch if batched else 0,
+        "input": [io_entry(t, batched) for t in io.inputs],
+        "output": [io_entry(t, batched) for t in io.outputs],
+        "dynamic_batching": ({"max_queue_delay_microseconds": queue_delay_us} if batched and batching else None),
+        "instance_group": [{"count": instances, "kind": Enum(f"KIND_{kind.upper()}")}],
+    }
+    return render(cfg), batched
+
+
+def _readme_stock(name: str, backend: str, io: GraphIO, batched: bool, plugin_names: list[str],
+                  source: Path) -> str:
+    ins = ", ".join(f"`{t.name}` {t.dtype[5:]} {list(t.shape)}" for t in io.inputs)
+    outs = ", ".join(f"`{t.name}` {t.dtype[5:]} {list(t.shape)}" for t in io.outputs)
+    lines = [
+        f"# Triton model repository: `{name}` ({backend} backend)",
+        "",
+        f"Generated by `msar-export triton-repo` from `{source.name}`"
+        f" on {_dt.date.today().isoformat()}; `{name}/config.pbtxt` was validated",
+        "against Triton's ModelConfig schema. `manifest.json` holds the sha256 of every file.",
+        "",
+        f"- inputs: {ins}",
+        f"- outputs: {outs}",
+    ]
+    if batched:
+        lines += ["- batching: the batch dimension is implicit (`max_batch_size`); the dynamic batcher groups",
+                  "  requests of *equal* shape. Sequence lengths vary, so clients should right-pad `input_ids`",
+                  "  to a few bucket lengths: the graph is causal, so padding after a token never changes",
+                  "  that token's logits; drop the padded positions from the output."]
+    else:
+        lines += ["- batching: off (`max_batch_size: 0`, full shapes with the batch as -1): this graph's I/O",
+                  "  does not all carry the batch first (the decode graph's `past_conv_state` is",
+                  "  `[L+1, batch, kmax-1, d]`), and a KV cache is per-sequence state anyway."]
+    lines += ["", "## Start", "", "```sh"]
+    if backend == "tensorrt":
+        plug = [f"$PWD/{name}/plugins/{p}" for p in plugin_names]
+        if plug:
+            lines += ["# The engine's msar plugins must be loaded before it is deserialised. Either preload them:",
+                      f"LD_PRELOAD={':'.join(plug)} \\",
+                      "    tritonserver --model-repository=$PWD",
+                      "# or let the TensorRT backend load them (Triton 22.09+; several libraries: separate with ';'):",
+                      f"tritonserver --model-repository=$PWD --backend-config=tensorrt,plugins=\"{';'.join(plug)}\""]
+        else:
+            lines += ["tritonserver --model-repository=$PWD"]
+    else:
+        lines += ["tritonserver --model-repository=$PWD"]
+    lines += ["```", ""]
+    if backend == "tensorrt":
+        lines += ["The engine runs only on the GPU model and TensorRT version it was built with, and the plugin",
+                  "library must come from the same TensorRT version as Triton's tensorrt backend.", ""]
+    else:
+        lines += ["Stock ONNX Runtime runs the msar custom nodes through the function bodies the model carries",
+                  "(MSAR_SPEC.md section 3); no custom-op library is needed.", ""]
+    lines += ["## Request (KServe v2 HTTP)", "", "```sh",
+              f"curl -s localhost:8000/v2/models/{name}/config",
+              f"curl -s -X POST localhost:8000/v2/models/{name}/infer -d \\"]
+    t0 = io.inputs[0]
+    shape = [1, 4] if batched or len(t0.shape) == 2 else [1] * len(t0.shape)
+    lines += [f"  '{{\"inputs\":[{{\"name\":\"{t0.name}\",\"shape\":{shape},\"datatype\":\"{t0.dtype[5:]}\","
+              f"\"data\":[{', '.join(['100'] * (shape[0] * shape[-1]))}]}}]}}'", "```", ""]
+    return "\n".join(lines)
+
+
+def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str | None = None,
+                     max_batch: int = 8, kind: str | None = None, instances: int = 1, queue_delay_us: int = 500,
+                     batching: bool = True, plugins=(), onnx_for_engine: str | os.PathLike | None = None,
+                     validate: bool = True) -> Path:
+    """MODEL.onnx -> onnxruntime model, MODEL.plan -> tensorrt model, in repository `out`."""
+    model, out = Path(model), Path(out)
+    if not model.is_file():
+        raise InputError(f"{model}: no such file")
+    if max_batch < 0 or instances < 1:
+        raise InputError("--max-batch must be >= 0 and --instances >= 1")
+    name = _model_name(name, model)
+    plugins = [Path(p) for p in plugins]
+    for p in plugins:
+        if not p.is_file():
+            raise InputError(f"--plugins: {p}: no such file (give the built plugin library, e.g. libmsar_plugins.so)")
+    if model.suffix.lower() == ".onnx":
+        if plugins:
+            raise InputError("--plugins is for TensorRT engines; an ONNX model runs on stock ONNX Runtime")
+        backend, io = "onnxruntime", read_onnx_io(model)
+        extras = _onnx_external_files(model)
+    elif model.suffix.lower() in TRT_EXTS:
+        backend = "tensorrt"
+        if model.stat().st_size == 0:
+            raise EngineError(f"{model}: the file is empty")
+        if onnx_for_engine is not None:
+            io = read_onnx_io(onnx_for_engine)
+        else:
+            try:
+                io = _engine_io(model, plugins)
+            except ImportError:
+                raise EngineError(f"{model}: cannot read the engine's inputs and outputs without TensorRT here; "
+                                  "pass --onnx MODEL.onnx (the graph the engine was built from)") from None
+            except EngineError:
+                raise
+            except Exception as e:  # no GPU, wrong TensorRT version, ...
+                raise EngineError(f"{model}: TensorRT cannot load this engine here ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:200] if str(e) else ''}); pass --onnx MODEL.onnx") from None
+        extras = []
+    else:
+        raise InputError(f"{model}: expected an ONNX model (.onnx) or a TensorRT engine ({', '.join(TRT_EXTS)})")
+    kind = kind or ("gpu" if backend == "tensorrt" else "cpu")
+    text, batched = stock_config(name, backend, io, max_batch, kind, instances, queue_delay_us, batching)
+    with atomic_dir(out) as tmp:
+        mdir = tmp / name
+        (mdir / "1").mkdir(parents=True)
+        (mdir / "config.pbtxt").write_text(text)
+        if backend == "onnxruntime":
+            _link_or_copy(model, mdir / "1" / "model.onnx")
+            for rel in extras:
+                src = model.parent / rel
+                if not src.is_file():
+                    raise OnnxModelError(f"{model}: external data file {src} is missing")
+                _link_or_copy(src, mdir / "1" / rel)
+        else:
+            _link_or_copy(model, mdir / "1" / "model.plan")
+            if plugins:
+                (mdir / "plugins").mkdir()
+            for p in plugins:
+                shutil.copy2(p, mdir / "plugins" / p.name)
+        (tmp / "README.md").write_text(_readme_stock(name, backend, io, batched, [p.name for p in plugins], model))
+        if validate:
+            validate_repository(tmp)
+        write_manifest(tmp, {"generator": "msar-export triton-repo", "backend": backend, "model": name,
+                             "source": str(model.resolve())})
+    return out
+
+
+# -- the repository `msar-export serve` runs -----------------------------------
+
+TRITON_MODEL_PY = Path(__file__).with_name("triton_model.py")
+
+
+def serving_configs(prefill_io: GraphIO | None, decode_io: GraphIO | None, repo_abs: Path, max_batch: int,
+                    batching: bool, instances: int, threads: int, queue_delay_us: int, merge_tokens: int,
+                    max_new_tokens_limit: int) -> dict[str, str]:
+    """{model name: config.pbtxt} for the Python-backend logits / generate models."""
+    logits_io = prefill_io or decode_io
+    vocab_out = next(t for t in logits_io.outputs if t.name == "logits")
+    cfg_json = json.loads(logits_io.metadata.get("msar.config", "{}"))
+    common = {
+        "backend": "python",
+        "max_batch_size": max_batch,
+        "dynamic_batching": {"max_queue_delay_microseconds": queue_delay_us} if batching else None,
+        "instance_group": [{"count": instances, "kind": Enum("KIND_CPU")}],
+    }
+    ids_in = {"name": "input_ids", "data_type": Enum("TYPE_INT64"), "dims": [-1], "allow_ragged_batch": True}
+    meta = {"threads": threads, "merge_tokens": merge_tokens, "vocab_size": cfg_json.get("vocab_size", ""),
+            "max_seq_len": cfg_json.get("max_seq_len", "")}
+    out = {}
+    graph = "model.onnx"
+    out["logits"] = render({
+        "name": "logits", **{k: common[k] for k in ("backend", "max_batch_size")},
+        "input": [ids_in],
+        "output": [{"name": "logits", "data_type": Enum(vocab_out.dtype), "dims": [-1, vocab_out.shape[-1]]}],
+        **{k: common[k] for k in ("dynamic_batching", "instance_group")},
+        "parameters": parameters({"msar_model": "logits", "onnx_file": graph, **meta,
+                                  "reference_onnx": str(repo_abs / "logits" / "1" / graph),
+                                  "graph": "prefill" if prefill_io else "decode"}),
+    })
+    if decode_io is not None:
+        out["generate"] = render({
+            "name": "generate", **{k: common[k] for k in ("backend", "max_batch_size")},
+            "input": [ids_in, {"name": "max_new_tokens", "data_type": Enum("TYPE_INT32"), "dims": [1]}],
+            "output": [{"name": "tokens", "data_type": Enum("TYPE_INT64"), "dims": [-1]}],
+            **{k: common[k] for k in ("dynamic_batching", "instance_group")},
+            "parameters": parameters({"msar_model": "generate", "onnx_file": graph, **meta,
+                                      "max_new_tokens_limit": max_new_tokens_limit,
+                                      "reference_onnx": str(repo_abs / "generate" / "1" / graph), "graph": "decode"}),
+        })
+    return out
+
+
+def _readme_serving(models: dict[str, Path], batching: bool, max_batch: int) -> str:
+    lines = [
+        "# Triton model repository for `msar-export serve` (Python backend + ONNX Runtime)",
+        "",
+        "Models (each `1/model.py` is msar_export/serving/triton_model.py; it needs numpy and onnxruntime):",
+        "",
+        "- `logits`: `input_ids` INT64 [batch, seq] -> `logits` [batch, seq, vocab]",
+    ]
+    if "generate" in models:
+        lines.append("- `generate`: `input_ids` INT64 [batch, seq] + `max_new_tokens` INT32 [batch, 1] -> "
+                     "`tokens` INT64 [batch, max_new_tokens] (greedy)")
+    lines += [
+        "",
+        f"Dynamic batching: {'on' if batching else 'off'}, max_batch_size {max_batch}; requests of different",
+        "lengths share a batch (`allow_ragged_batch`); model.py pads rows of about the same length together",
+        "(right for logits, left with a mask for generate) and decodes all generate rows as one batch.",
+        "",
+        "Sources: " + ", ".join(f"{k} <- `{v}`" for k, v in models.items()),
+        "",
+        "Start it with `msar-export serve` (which also sets up the Python backend stub), or by hand with a",
+        "Triton whose Python backend environment has numpy and onnxruntime:",
+        "",
+        "```sh",
+        "tritonserver --model-repository=$PWD --http-address=127.0.0.1 --grpc-address=127.0.0.1",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _key(prefill: Path | None, decode: Path | None, configs: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for p in (prefill, decode):
+        h.update((file_sha256(p) if p else "-").encode())
+    h.update(TRITON_MODEL_PY.read_bytes())
+    for name in sorted(configs):
+        h.update(name.encode() + configs[name].encode())
+    return h.hexdigest()
+
+
+def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathLike | None,
+                       out: str | os.PathLike, max_batch: int = 16, batching: bool = True, instances: int = 1,
+                       threads: int = 1, queue_delay_us: int = 2000, merge_tokens: int = 8,
+                       max_new_tokens_limit: int = 256, validate: bool = True) -> tuple[Path, bool]:
+    """Write (or reuse, when identical and intact) the serving repository; return (path, rebuilt)."""
+    out = Path(out).resolve()
+    prefill = Path(prefill) if prefill else None
+    decode = Path(decode) if decode else None
+    if prefill is None and decode is None:
+        raise InputError("nothing to serve: give a checkpoint, a prefill graph or a decode graph")
+    if max_batch < 1 or instances < 1 or threads < 1:
+        raise InputError("--max-batch, --instances and --threads must be >= 1")
+    prefill_io = read_onnx_io(prefill) if prefill else None
+    decode_io = read_onnx_io(decode) if decode else None
+    for path, io, want in ((prefill, prefill_io, "prefill"), (decode, decode_io, "decode")):
+        if io is None:
+            continue
+        if "msar.config" not in io.metadata:
+            raise OnnxModelError(f"{path}: no msar.config metadata; export it with `msar-export export`")
+        got = io.metadata.get("msar.graph", "decode" if any(t.name == "attention_mask" for t in io.inputs) else "prefill")
+        if got != want:
+            raise OnnxModelError(f"{path}: a {got} graph where a {want} graph was expected")
+        for t in io.inputs + io.outputs:
+            if t.name in ("input_ids", "logits") and t.shape[0] != "batch":
+                raise OnnxModelError(f"{path}: '{t.name}' has no dynamic batch dimension; re-export it")
+    if prefill_io and decode_io and prefill_io.metadata["msar.config"] != decode_io.metadata["msar.config"]:
+        raise OnnxModelError(f"{prefill} and {decode} come from different model configurations")
+    configs = serving_configs(prefill_io, decode_io, out, max_batch, batching, instances, threads, queue_delay_us,
+                              merge_tokens, max_new_tokens_limit)
+    key = _key(prefill, decode, configs)
+    if (out / MANIFEST).is_file():
+        try:
+            old = json.loads((out / MANIFEST).read_text())
+        except ValueError:
+            old = {}
+        if old.get("key") == key and not verify_repo(out):
+            return out, False
+    sources = {"logits": (prefill or decode).resolve()}
+    if decode_io is not None:
+        sources["generate"] = decode.resolve()
+    with atomic_dir(out) as tmp:
+        for name, text in configs.items():
+            (tmp / name / "1").mkdir(parents=True)
+            (tmp / name / "config.pbtxt").write_text(text)
+            shutil.copy2(TRITON_MODEL_PY, tmp / name / "1" / "model.py")
+            _link_or_copy(sources[name], tmp / name / "1" / "model.onnx")
+        (tmp / "README.md").write_text(_readme_serving(sources, batching, max_batch))
+        if validate:
+            validate_repository(tmp)
+        write_manifest(tmp, {"generator": "msar-export serve", "key": key,
+                             "sources": {k: str(v) for k, v in sources.items()},
+                             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
+    return out, True
