@@ -137,9 +137,11 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     if dtype is None:
         dtypes = {t.dtype for t in tensors.values()}
         dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-    model = MSARLM(cfg)
-    model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
-    return model.to(dtype).eval()
+    with torch.device("meta"):  # no random init: the weights come from the file
+        model = MSARLM(cfg)
+    # assign=True: the loaded tensors become the parameters (no second copy).
+    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True, assign=True)
+    return model.eval()
 
 
 def save_checkpoint(model, path: str | os.PathLike, *, dtype: torch.dtype | None = None, extra_files: dict[str, str] | None = None) -> Path:

@@ -152,8 +152,12 @@ def memory_probe(backend: str, path: str, shape) -> dict:
     else:
         code = (f"import numpy as np; from msar_export.runtime import OrtModel; "
                 f"OrtModel({path!r}, threads=2).session.run(['logits'], {{'input_ids': np.zeros(({B},{T}), np.int64)}})")
+    # The child reports its own VmHWM: wait4's ru_maxrss keeps the forking parent's peak.
+    code += "\nfrom msar_export.export.exporter import peak_rss_mb; print('PEAK', peak_rss_mb())"
     r = python_probe(code)
-    return {"peak_rss_mb": round(r["peak_rss_mb"], 1)} if r["returncode"] == 0 else {"error": r["stderr"][-300:]}
+    if r["returncode"] != 0:
+        return {"error": r["stderr"][-300:]}
+    return {"peak_rss_mb": round(float(r["stdout"].split("PEAK")[-1]), 1)}
 
 
 def export_probe(n_params: int, workdir: Path, log) -> dict:
@@ -172,8 +176,10 @@ def export_probe(n_params: int, workdir: Path, log) -> dict:
     size_mb = (ckpt / "model.safetensors").stat().st_size / 1e6
     log(f"  export probe: {params / 1e6:.1f} M parameters, checkpoint {size_mb:.0f} MB")
     r = cli_probe("export", str(ckpt), "-o", str(workdir / "probe.onnx"), "--no-validate")
+    # The export reports its own peak (VmHWM); wait4's ru_maxrss keeps the forking parent's peak.
+    peak = float(r["stdout"].split("peak RSS:")[1].split("MB")[0]) if r["returncode"] == 0 else float("nan")
     return {"parameters": params, "checkpoint_mb": round(size_mb, 1), "seconds": round(r["seconds"], 1),
-            "peak_rss_mb": round(r["peak_rss_mb"], 1), "rss_over_checkpoint": round(r["peak_rss_mb"] / size_mb, 2),
+            "peak_rss_mb": round(peak, 1), "rss_over_checkpoint": round(peak / size_mb, 2),
             "returncode": r["returncode"]}
 
 

@@ -74,9 +74,15 @@ class ExportReport:
 
 
 def peak_rss_mb() -> float:
-    import resource
+    """This process's peak RSS.  VmHWM, not ru_maxrss: after fork+exec the latter
+    still holds the parent's peak, which made a child's export look huge."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
@@ -196,8 +202,8 @@ def save_model(model: ir.Model, out: Path) -> int:
     """Serialise deterministically and write atomically; external data over 2 GB."""
     import onnx
 
-    proto = ir.serde.serialize_model(model)
     big = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None) > TWO_GB - 64 * 1024**2
+    proto = ir.serde.serialize_model(model)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not big:
         data = proto.SerializeToString(deterministic=True)
@@ -218,26 +224,35 @@ def save_model(model: ir.Model, out: Path) -> int:
 def export_model(model, out: str | os.PathLike, opts: ExportOptions = ExportOptions(), source_name: str = "",
                  validate: bool = True) -> ExportReport:
     """Export an in-memory MSARLM (library API behind the CLI)."""
+    return _export(lambda: model, out, opts, source_name, validate)
+
+
+def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) -> ExportReport:
+    """`load()` gives the model (again for validation, after the file is written)."""
     out = Path(out)
     t0 = time.perf_counter()
-    model = model.to(DTYPES[opts.dtype]).eval()
+    model = load().to(DTYPES[opts.dtype]).eval()
+    cfg, n_params = model.cfg, sum(p.numel() for p in model.parameters())
     with torch.no_grad():
         onnx_model = trace_to_ir(model, opts)
-    counts = attach_functions(onnx_model, model.cfg, opts.opset)
+    del model
+    counts = attach_functions(onnx_model, cfg, opts.opset)
     name_dims(onnx_model)
-    name_hidden_states(onnx_model, model.cfg.n_sublayers)
-    describe(onnx_model, model.cfg, opts, source_name)
+    name_hidden_states(onnx_model, cfg.n_sublayers)
+    describe(onnx_model, cfg, opts, source_name)
     size = save_model(onnx_model, out)
-    report = ExportReport(out, opts, counts, sum(p.numel() for p in model.parameters()), size,
-                          time.perf_counter() - t0, peak_rss_mb())
+    del onnx_model
+    report = ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, peak_rss_mb())
     if validate:
         from .validate import validate_export
 
-        report.validation = validate_export(out, model, opts)
+        report.validation = validate_export(out, load().to(DTYPES[opts.dtype]).eval(), opts)
     return report
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, opts: ExportOptions = ExportOptions(),
                       trust_pickle: bool = False, validate: bool = True) -> ExportReport:
-    model = load_checkpoint(checkpoint, dtype=torch.float32, trust_pickle=trust_pickle)
-    return export_model(model, out, opts, source_name=Path(checkpoint).name, validate=validate)
+    def load():
+        return load_checkpoint(checkpoint, dtype=torch.float32, trust_pickle=trust_pickle)
+
+    return _export(load, out, opts, Path(checkpoint).name, validate)

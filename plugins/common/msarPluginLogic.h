@@ -313,47 +313,15 @@ struct DepthRetrievalAttrs
 
 //! Creator side: fields from the ONNX parser (or from deserialisation) ->
 //! attributes. Unknown names are an error, never silently ignored.
-inline FusedMixerAttrs parseFusedMixerFields(FieldView const* fields, int32_t nbFields)
+//!
+//! The parse both ops share: every field needs a name; `eps` (FLOAT, both
+//! ops) is read here; `own(attrs, f)` takes the op's other fields and returns
+//! false for a name it does not know; plugin_version / plugin_namespace are
+//! checked; anything else is refused, listing `specs`. Then validate().
+template <typename Attrs, size_t N, typename Own>
+Attrs parseAttrs(char const* op, FieldSpec const (&specs)[N], FieldView const* fields, int32_t nbFields, Own&& own)
 {
-    char const* op = kFusedMixerName;
-    FusedMixerAttrs a;
-    for (int32_t i = 0; i < nbFields; ++i)
-    {
-        FieldView const& f = fields[i];
-        if (f.name == nullptr)
-        {
-            fail(op, ": field ", i, " has no name");
-        }
-        if (std::strcmp(f.name, "stream_kernels") == 0)
-        {
-            expectKind(op, f, FieldKind::kINT32);
-            a.streamKernels.resize(static_cast<size_t>(f.length > 0 ? f.length : 0));
-            if (f.length > 0)
-            {
-                std::memcpy(a.streamKernels.data(), f.data, sizeof(int32_t) * static_cast<size_t>(f.length));
-            }
-        }
-        else if (std::strcmp(f.name, "eps") == 0)
-        {
-            a.eps = scalarFloat(op, f);
-        }
-        else if (std::strcmp(f.name, "plugin_version") == 0 || std::strcmp(f.name, "plugin_namespace") == 0)
-        {
-            checkIdentityField(op, f);
-        }
-        else
-        {
-            fail(op, ": unknown attribute '", f.name, "' (known: stream_kernels, eps, plugin_version, plugin_namespace)");
-        }
-    }
-    a.validate();
-    return a;
-}
-
-inline DepthRetrievalAttrs parseDepthRetrievalFields(FieldView const* fields, int32_t nbFields)
-{
-    char const* op = kDepthRetrievalName;
-    DepthRetrievalAttrs a;
+    Attrs a;
     for (int32_t i = 0; i < nbFields; ++i)
     {
         FieldView const& f = fields[i];
@@ -365,17 +333,52 @@ inline DepthRetrievalAttrs parseDepthRetrievalFields(FieldView const* fields, in
         {
             a.eps = scalarFloat(op, f);
         }
+        else if (own(a, f))
+        {
+            continue;
+        }
         else if (std::strcmp(f.name, "plugin_version") == 0 || std::strcmp(f.name, "plugin_namespace") == 0)
         {
             checkIdentityField(op, f);
         }
         else
         {
-            fail(op, ": unknown attribute '", f.name, "' (known: eps, plugin_version, plugin_namespace)");
+            std::string known;
+            for (auto const& spec : specs)
+            {
+                known += (known.empty() ? "" : ", ") + std::string(spec.name);
+            }
+            fail(op, ": unknown attribute '", f.name, "' (known: ", known, ")");
         }
     }
     a.validate();
     return a;
+}
+
+inline FusedMixerAttrs parseFusedMixerFields(FieldView const* fields, int32_t nbFields)
+{
+    char const* op = kFusedMixerName;
+    auto const own = [op](FusedMixerAttrs& a, FieldView const& f) {
+        if (std::strcmp(f.name, "stream_kernels") != 0)
+        {
+            return false;
+        }
+        expectKind(op, f, FieldKind::kINT32);
+        a.streamKernels.resize(static_cast<size_t>(f.length > 0 ? f.length : 0));
+        if (f.length > 0)
+        {
+            std::memcpy(a.streamKernels.data(), f.data, sizeof(int32_t) * static_cast<size_t>(f.length));
+        }
+        return true;
+    };
+    return parseAttrs<FusedMixerAttrs>(op, kFusedMixerFields, fields, nbFields, own);
+}
+
+inline DepthRetrievalAttrs parseDepthRetrievalFields(FieldView const* fields, int32_t nbFields)
+{
+    // eps is DepthRetrieval's only attribute.
+    return parseAttrs<DepthRetrievalAttrs>(kDepthRetrievalName, kDepthRetrievalFields, fields, nbFields,
+        [](DepthRetrievalAttrs& /*a*/, FieldView const& /*f*/) { return false; });
 }
 
 //! Serialisation side: every creator field, with the same names. The views

@@ -12,6 +12,7 @@
 
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace msar
@@ -21,10 +22,27 @@ namespace msar
 void logError(char const* where, char const* what) noexcept;
 void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
 
-//! Run `body` (returning T); on any exception log it and return `onError`.
-//! Every noexcept override of the plugins goes through this.
-template <typename T, typename F>
-T guarded(char const* where, T onError, F&& body) noexcept
+//! Log `what` at the location `where()` builds (a std::string); the location
+//! is only built when there is an error to log.
+template <typename Where>
+void logErrorAt(Where const& where, char const* what) noexcept
+{
+    std::string w;
+    try
+    {
+        w = where();
+    }
+    catch (...)
+    {
+    }
+    logError(w.c_str(), what);
+}
+
+//! Run `body` (returning T); on any exception log it at `where()` and return
+//! `onError`. Every noexcept override of the plugins that can fail goes
+//! through this (or through guarded below).
+template <typename T, typename Where, typename F>
+T guardedAt(Where const& where, T onError, F&& body) noexcept
 {
     try
     {
@@ -32,13 +50,21 @@ T guarded(char const* where, T onError, F&& body) noexcept
     }
     catch (std::exception const& e)
     {
-        logError(where, e.what());
+        logErrorAt(where, e.what());
     }
     catch (...)
     {
-        logError(where, "unknown exception");
+        logErrorAt(where, "unknown exception");
     }
     return onError;
+}
+
+//! guardedAt() for a plugin method: errors are logged at "<op>::<method>".
+template <typename T, typename F>
+T guarded(char const* op, char const* method, T onError, F&& body) noexcept
+{
+    auto const where = [op, method] { return std::string(op) + "::" + method; };
+    return guardedAt<T>(where, onError, std::forward<F>(body));
 }
 
 inline DType toDType(nvinfer1::DataType t) noexcept
@@ -52,7 +78,9 @@ inline DType toDType(nvinfer1::DataType t) noexcept
     }
 }
 
-inline Shape toShape(nvinfer1::Dims const& d)
+//! Shape of `d` (Dims or DimsExprs) with each dimension mapped by `dim`.
+template <typename D, typename Dim>
+Shape toShapeWith(D const& d, Dim&& dim)
 {
     if (d.nbDims < 0 || d.nbDims > kMaxRank)
     {
@@ -62,25 +90,22 @@ inline Shape toShape(nvinfer1::Dims const& d)
     s.nbDims = d.nbDims;
     for (int32_t i = 0; i < d.nbDims; ++i)
     {
-        s.d[i] = d.d[i];
+        s.d[i] = dim(d.d[i]);
     }
     return s;
+}
+
+inline Shape toShape(nvinfer1::Dims const& d)
+{
+    return toShapeWith(d, [](int64_t v) { return v; });
 }
 
 //! Build-time shapes: a dimension expression is known only if constant.
 inline Shape toShape(nvinfer1::DimsExprs const& d)
 {
-    if (d.nbDims < 0 || d.nbDims > kMaxRank)
-    {
-        fail("tensor rank ", d.nbDims, " is outside 0..", kMaxRank);
-    }
-    Shape s;
-    s.nbDims = d.nbDims;
-    for (int32_t i = 0; i < d.nbDims; ++i)
-    {
-        s.d[i] = d.d[i] != nullptr && d.d[i]->isConstant() ? d.d[i]->getConstantValue() : -1;
-    }
-    return s;
+    return toShapeWith(d, [](nvinfer1::IDimensionExpr const* e) -> int64_t {
+        return e != nullptr && e->isConstant() ? e->getConstantValue() : -1;
+    });
 }
 
 inline FieldKind toFieldKind(nvinfer1::PluginFieldType t) noexcept

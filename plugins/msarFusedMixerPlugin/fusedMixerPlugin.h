@@ -1,91 +1,46 @@
 /*
  * msar::FusedMixer as a TensorRT IPluginV3 (name "FusedMixer", version "1",
  * namespace ""). Contract: msar_export/export/contracts.py, README.md here.
+ * The IPluginV3 glue is common/msarPluginBase.h; this op adds its rules
+ * (FusedMixerOp), its workspace and the launch of its kernel.
  */
 #ifndef MSAR_FUSED_MIXER_PLUGIN_H
 #define MSAR_FUSED_MIXER_PLUGIN_H
 
 #include "NvInferRuntime.h"
 
+#include "../common/msarPluginBase.h"
 #include "../common/msarPluginLogic.h"
 
-#include <string>
 #include <vector>
 
 namespace msar
 {
 
-class FusedMixerPlugin : public nvinfer1::IPluginV3,
-                         public nvinfer1::IPluginV3OneCore,
-                         public nvinfer1::IPluginV3OneBuild,
-                         public nvinfer1::IPluginV3OneRuntime
+struct FusedMixerOp
 {
-public:
-    explicit FusedMixerPlugin(FusedMixerAttrs attrs);
-    FusedMixerPlugin(FusedMixerPlugin const& other);
-    FusedMixerPlugin& operator=(FusedMixerPlugin const&) = delete;
-    ~FusedMixerPlugin() override = default;
-
-    // IPluginV3
-    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-    nvinfer1::IPluginV3* clone() noexcept override;
-
-    // IPluginV3OneCore
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-
-    // IPluginV3OneBuild
-    int32_t getNbOutputs() const noexcept override;
-    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
-        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
-    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
-        int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
-        nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
-        int32_t nbOutputs) noexcept override;
-    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
-    size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
-
-    // IPluginV3OneRuntime
-    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
-        int32_t nbOutputs) noexcept override;
-    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
-        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
-    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
-
-    void setPluginNamespace(char const* ns);
-
-private:
-    FusedMixerAttrs mAttrs;
-    std::string mNamespace;
-    FusedMixerDims mDims{}; //!< from onShapeChange
-
-    std::vector<nvinfer1::PluginField> mFields;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
+    using Attrs = FusedMixerAttrs;
+    using Dims = FusedMixerDims;
+    static constexpr char const* kName = kFusedMixerName;
+    static constexpr int32_t kFixedInputs = kFusedMixerFixedInputs;
+    static constexpr auto const& kFields = kFusedMixerFields;
+    static constexpr auto parse = parseFusedMixerFields;
+    static constexpr auto serialize = fusedMixerFieldsToSerialize;
+    static constexpr auto checkShapes = checkFusedMixerShapes;
 };
 
-class FusedMixerPluginCreator : public nvinfer1::IPluginCreatorV3One
+class FusedMixerPlugin : public PluginBase<FusedMixerPlugin, FusedMixerOp>
 {
 public:
-    FusedMixerPluginCreator();
-    ~FusedMixerPluginCreator() override = default;
+    using PluginBase::PluginBase;
 
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
-    nvinfer1::IPluginV3* createPlugin(
-        char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
-
-private:
-    std::vector<nvinfer1::PluginField> mFields;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
-    std::string mNamespace;
+    //! Hooks of PluginBase.
+    size_t workspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs) const;
+    int32_t launch(DType type, void const* const* inputs, void* const* outputs, void* workspace,
+        cudaStream_t stream) const;
 };
+
+using FusedMixerPluginCreator = PluginCreator<FusedMixerPlugin>;
 
 } // namespace msar
 

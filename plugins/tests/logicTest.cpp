@@ -143,7 +143,8 @@ void testAttributes()
     EXPECT_ERROR(parseFusedMixerFields(parsed + 1, 1), "stream_kernels is required");
 
     FieldView const unknown[] = {{"stream_kernels", FieldKind::kINT32, ks, 3}, {"alpha", FieldKind::kFLOAT32, &eps, 1}};
-    EXPECT_ERROR(parseFusedMixerFields(unknown, 2), "unknown attribute 'alpha'");
+    EXPECT_ERROR(parseFusedMixerFields(unknown, 2),
+        "FusedMixer: unknown attribute 'alpha' (known: stream_kernels, eps, plugin_version, plugin_namespace)");
     FieldView const wrongType[] = {{"stream_kernels", FieldKind::kFLOAT32, &eps, 1}};
     EXPECT_ERROR(parseFusedMixerFields(wrongType, 1), "must be INT32");
     int32_t const badFirst[] = {2, 3};
@@ -163,7 +164,8 @@ void testAttributes()
     FieldView const ns[] = {{"eps", FieldKind::kFLOAT32, &eps, 1}, {"plugin_namespace", FieldKind::kCHAR, "x", 1}};
     EXPECT_ERROR(parseDepthRetrievalFields(ns, 2), "plugin_namespace 'x'");
     FieldView const dUnknown[] = {{"stream_kernels", FieldKind::kINT32, ks, 3}};
-    EXPECT_ERROR(parseDepthRetrievalFields(dUnknown, 1), "unknown attribute 'stream_kernels'");
+    EXPECT_ERROR(parseDepthRetrievalFields(dUnknown, 1),
+        "DepthRetrieval: unknown attribute 'stream_kernels' (known: eps, plugin_version, plugin_namespace)");
     // A serialised C string may carry its terminator.
     FieldView const terminated[] = {{"stream_kernels", FieldKind::kINT32, ks, 3}, {"plugin_version", FieldKind::kCHAR, "1", 2}};
     CHECK(parseFusedMixerFields(terminated, 2).streamKernels.size() == 3);
