@@ -202,3 +202,22 @@ def test_cli_export_prints_summary(ckpts, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "msar::DepthRetrieval x5" in r.stdout and "validation: PASS" in r.stdout
     assert out.is_file() and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_large_models_use_external_data(ckpts, tmp_path, monkeypatch):
+    """The >2 GB path, with the threshold lowered: weights go to `model.onnx.data`,
+    the file still runs in ORT, and a second export gives the same bytes."""
+    import msar_export.export.exporter as exporter
+
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_ABOVE", 1024)
+    out = tmp_path / "big.onnx"
+    report = export_checkpoint(ckpts["msar"], out, ExportOptions(), validate=True)
+    assert report.validation.passed, report.summary()
+    data = tmp_path / "big.onnx.data"
+    external = [t.name for t in onnx.load(str(out), load_external_data=False).graph.initializer
+                if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert data.is_file() and "embed.weight" in " ".join(external)
+    first = (out.read_bytes(), data.read_bytes())
+    export_checkpoint(ckpts["msar"], out, ExportOptions(), validate=False)
+    assert (out.read_bytes(), data.read_bytes()) == first
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

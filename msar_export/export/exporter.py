@@ -22,6 +22,8 @@ from .functions import depth_retrieval_function, fused_mixer_function
 from .graphs import DecodeGraph, PrefillGraph, decode_io_names, dynamic_shapes, example_inputs
 
 TWO_GB = 2 * 1024**3
+# Protobuf's 2 GB limit, less room for the graph itself.
+EXTERNAL_DATA_ABOVE = TWO_GB - 64 * 1024**2
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -202,7 +204,8 @@ def save_model(model: ir.Model, out: Path) -> int:
     """Serialise deterministically and write atomically; external data over 2 GB."""
     import onnx
 
-    big = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None) > TWO_GB - 64 * 1024**2
+    big = sum(v.const_value.nbytes for v in model.graph.initializers.values()
+              if v.const_value is not None) > EXTERNAL_DATA_ABOVE
     proto = ir.serde.serialize_model(model)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not big:
