@@ -40,13 +40,22 @@ class _Body:
 
 
 def _retrieve(b: _Body, query, views, eps):
-    """views: list of float32 (B,T,m,d) -> z (B,T,m,d): the contract's retrieval."""
-    V = b.Concat(*[b.Unsqueeze(v, b.ints([0])) for v in views], axis=0)  # (n, B, T, m, d)
-    ms = b.ReduceMean(b.Mul(V, V), b.ints([-1]), keepdims=1)
-    keys = b.Div(V, b.Sqrt(b.Add(ms, eps)))
-    scores = b.ReduceSum(b.Mul(keys, query), b.ints([-1]), keepdims=0)  # (n, B, T, m)
-    alpha = b.Softmax(scores, axis=0)
-    return b.ReduceSum(b.Mul(b.Unsqueeze(alpha, b.ints([-1])), V), b.ints([0]), keepdims=0)
+    """views: list of float32 (B,T,m,d) -> z (B,T,m,d): the contract's retrieval.
+
+    Per source: s = (q . v) / rms(v); the softmax over depth runs on the small
+    (n,B,T,m) score tensor; z is a running sum, so no view is copied into a
+    stacked tensor (that copy is quadratic in depth and dominated ORT's time)."""
+    scores = []
+    for v in views:
+        ms = b.ReduceMean(b.Mul(v, v), b.ints([-1]), keepdims=0)  # (B, T, m)
+        qv = b.ReduceSum(b.Mul(v, query), b.ints([-1]), keepdims=0)
+        scores.append(b.Unsqueeze(b.Div(qv, b.Sqrt(b.Add(ms, eps))), b.ints([0])))
+    alpha = b.Softmax(b.Concat(*scores, axis=0), axis=0)  # (n, B, T, m): each stream over depth
+    z = None
+    for i, v in enumerate(views):
+        term = b.Mul(b.Unsqueeze(b.Gather(alpha, b.int_(i), axis=0), b.ints([-1])), v)
+        z = term if z is None else b.Add(z, term)
+    return z
 
 
 def _causal_conv(b: _Body, xt, taps, offset: int, k: int, d: int):
