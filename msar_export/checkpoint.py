@@ -8,7 +8,6 @@ through `torch.load(weights_only=True)`.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -158,9 +157,3 @@ def save_checkpoint(model, path: str | os.PathLike, *, dtype: torch.dtype | None
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
     return path
-
-
-def checkpoint_summary(model) -> str:
-    cfg = model.cfg
-    n = sum(p.numel() for p in model.parameters())
-    return json.dumps({"residual": cfg.residual, "params": n, "d_model": cfg.d_model, "n_blocks": cfg.n_blocks})

@@ -31,3 +31,14 @@ def test_readme_table_is_generated_from_the_checked_in_results():
     readme = (REPO / "README.md").read_text()
     block = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert block == markdown_table(result).strip()
+
+
+def test_mixer_microbenchmark_matches_eager_and_reports_the_floor():
+    from msar_export.bench.mixer import run_mixer_bench
+
+    res = run_mixer_bench(sources=(2, 5), widths=(24,), tokens=(19,), repeats=2, log=lambda *_: None)
+    assert res["copy_bandwidth_gbs"] > 0
+    assert [(r["sources"], r["tokens"]) for r in res["rows"]] == [(2, 19), (5, 19)]
+    for r in res["rows"]:
+        assert r["ort_vs_eager_rel_err"] <= 1e-5  # the FusedMixer function body computes the eager mixer
+        assert 0 < r["floor_ms"] and r["eager_ms"] > 0 and r["ort_ms"] > 0

@@ -11,6 +11,16 @@ def cmd_bench(a) -> int:
     from .report import markdown_table, update_readme
     from .run import QUICK, BenchSettings, run_bench, write_results
 
+    if a.mixer:
+        from ..fileio import atomic_write_text
+        from .mixer import run_mixer_bench
+
+        small = dict(sources=(3,), widths=(64,), tokens=(64,), repeats=2) if a.quick else {}
+        res = run_mixer_bench(threads=a.threads, **small)
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(a.out) / "mixer.json", json.dumps(res, indent=1) + "\n")
+        print(f"copy bandwidth {res['copy_bandwidth_gbs']} GB/s; wrote {Path(a.out) / 'mixer.json'}")
+        return 0
     s = BenchSettings(**QUICK) if a.quick else BenchSettings()
     s.threads, s.repeats = a.threads, a.repeats or s.repeats
     s.compile = s.compile and not a.no_compile
@@ -36,4 +46,6 @@ def register(sub) -> None:
     b.add_argument("--export-probe", type=float, default=0, metavar="MPARAMS",
                    help="also export a checkpoint of about this many million parameters (time, peak RSS)")
     b.add_argument("--update-readme", metavar="README", help="rewrite the README's bench table from this run")
+    b.add_argument("--mixer", action="store_true",
+                   help="only the mixer microbenchmark (eager vs the FusedMixer node in ORT, bytes-moved floor)")
     b.set_defaults(func=cmd_bench)

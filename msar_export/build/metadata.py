@@ -9,25 +9,19 @@ computing something else) at run time. Pure Python: no TensorRT needed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import EngineError
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_text, file_sha256
 
 METADATA_FORMAT = 1
 _INSTALLED = "installed"
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+sha256_file = file_sha256
 
 
 def metadata_path(plan: str | os.PathLike) -> Path:

@@ -1,0 +1,78 @@
+"""Microbenchmark of one mixer alone: eager PyTorch vs the FusedMixer node in
+ONNX Runtime (its function body), across sources, width and tokens, with the
+bytes-moved floor (raw sources read once, h written once, at measured memcpy
+bandwidth) next to each time.  The plugin kernel's numbers come from
+scripts/gpu_check.sh on a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import torch
+
+from ..export.contracts import DOMAIN, DOMAIN_VERSION, FUSED_MIXER, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from ..export.functions import fused_mixer_function
+from ..model.layers import rms_normalize
+from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
+from .timing import copy_bandwidth_gbs, interleaved
+
+KERNELS = (1, 4, 8, 12)
+
+
+def fused_mixer_model(n: int, d: int, eps: float = 1e-6, opset: int = 18) -> ir.Model:
+    """A graph of one msar::FusedMixer node over n sources, with its function body."""
+    m, K = len(KERNELS), sum(KERNELS[1:])
+    f32 = ir.TensorType(ir.DataType.FLOAT)
+    shapes = {"query": [m, d], "gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [], "conv_weight": [n, d, K]}
+    inputs = [ir.Value(name=k, type=f32, shape=ir.Shape(s)) for k, s in shapes.items()]
+    inputs += [ir.Value(name=f"x{i}", type=f32, shape=ir.Shape(["B", "T", d])) for i in range(n)]
+    node = ir.Node(DOMAIN, FUSED_MIXER.name, inputs, overload=FUSED_MIXER.overload(n), attributes=[
+        ir.AttrInt64s("stream_kernels", list(KERNELS)), ir.AttrFloat32("eps", eps),
+        ir.AttrString("plugin_version", PLUGIN_VERSION), ir.AttrString("plugin_namespace", PLUGIN_NAMESPACE)])
+    node.outputs[0].name, node.outputs[0].type, node.outputs[0].shape = "h", f32, ir.Shape(["B", "T", d])
+    graph = ir.Graph(inputs, node.outputs, nodes=[node], opset_imports={"": opset, DOMAIN: DOMAIN_VERSION})
+    fn = fused_mixer_function(n, list(KERNELS), eps, d, opset)
+    return ir.Model(graph, ir_version=10, functions=[fn])
+
+
+def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), threads: int = 2,
+                    repeats: int = 5, log=print) -> dict:
+    import onnxruntime as ort
+
+    torch.set_num_threads(threads)
+    bw = copy_bandwidth_gbs()
+    rows = []
+    for n in sources:
+        for d in widths:
+            for T in tokens:
+                g = torch.Generator().manual_seed(0)
+                m = len(KERNELS)
+                xs = [torch.randn(1, T, d, generator=g) for _ in range(n)]
+                expansions = [SourceExpansion(d, KERNELS[1:]) for _ in range(n)]
+                q, W = torch.randn(m, d, generator=g), torch.randn(m, m * d, generator=g) / d
+                b, a = torch.randn(m, generator=g), torch.tensor(1.0)
+
+                def eager():
+                    with torch.inference_mode():
+                        V = torch.stack([e(x) for e, x in zip(expansions, xs)])
+                        return stream_fusion(depth_retrieval(q, V, rms_normalize(V, 1e-6)), W, b, a)
+
+                conv = torch.stack([torch.cat([c.weight[:, 0] for c in e.conv.values()], 1) for e in expansions])
+                so = ort.SessionOptions()
+                so.intra_op_num_threads, so.log_severity_level = threads, 3
+                proto = ir.serde.serialize_model(fused_mixer_model(n, d))
+                sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+                feeds = {"query": q.numpy(), "gate_weight": W.numpy(), "gate_bias": b.numpy(),
+                         "gate_scale": a.numpy(), "conv_weight": conv.detach().numpy(),
+                         **{f"x{i}": x.numpy() for i, x in enumerate(xs)}}
+                got = sess.run(["h"], feeds)[0]
+                ref = eager().numpy()
+                err = float(np.abs(got - ref).max() / np.abs(ref).max())
+                t = interleaved({"eager": eager, "ort": lambda: sess.run(["h"], feeds)}, 1, repeats)
+                floor_ms = (n + 1) * T * d * 4 / (bw * 1e9) * 1e3
+                rows.append({"sources": n, "d_model": d, "tokens": T, "eager_ms": round(t["eager"].median_s * 1e3, 3),
+                             "ort_ms": round(t["ort"].median_s * 1e3, 3), "floor_ms": round(floor_ms, 6),
+                             "ort_vs_eager_rel_err": err})
+                log(f"  n={n:2d} d={d:4d} T={T:5d}: eager {rows[-1]['eager_ms']:8.2f} ms  ort {rows[-1]['ort_ms']:8.2f} ms"
+                    f"  floor {floor_ms:6.3f} ms  err {err:.1e}")
+    return {"copy_bandwidth_gbs": round(bw, 2), "rows": rows}
