@@ -221,3 +221,12 @@ def test_large_models_use_external_data(ckpts, tmp_path, monkeypatch):
     export_checkpoint(ckpts["msar"], out, ExportOptions(), validate=False)
     assert (out.read_bytes(), data.read_bytes()) == first
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_custom_ops_doc_is_generated_from_the_contracts():
+    from pathlib import Path
+
+    from msar_export.export.contracts import render_markdown
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "custom_ops.md"
+    assert doc.read_text() == render_markdown(), "regenerate docs/custom_ops.md from contracts.render_markdown()"
