@@ -403,3 +403,31 @@ def test_engine_without_tensorrt_is_an_error_not_a_skip(faithful, tmp_path, caps
     plan.write_bytes(b"not really an engine")
     rc = main(["check", str(ckpt), "--onnx", str(onnx_path), "--engine", str(plan)])
     assert_one_line_error(rc, capsys.readouterr().err, "import tensorrt failed")
+
+
+# -- decode graphs ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def faithful_decode(faithful, tmp_path_factory):
+    ckpt, _, cfg = faithful
+    path = tmp_path_factory.mktemp("decode") / "decode.onnx"
+    export_model(load_checkpoint(ckpt), path, ExportOptions(decode=True), validate=False)
+    return ckpt, path, cfg
+
+
+def test_decode_graph_is_checked_on_top_of_an_eager_past(faithful_decode):
+    """The graph gets a past (KV cache + conv state) made eagerly from each batch's
+    first half and must reproduce the eager step on the second half, layer by layer."""
+    ckpt, path, cfg = faithful_decode
+    result = check_parity(ckpt, path)
+    assert result.passed and result.exit_code == 0, result.backend("onnxrt")
+    assert [lr.name for lr in result.backend("onnxrt").layers] == layer_order(load_checkpoint(ckpt).cfg)
+    assert result.backend("tensorrt").status == "skipped"
+
+
+@pytest.mark.parametrize("fault", ["conv-tap-2pct-source2", "gate-bias-off-by-0.01-mixer2"])
+def test_fault_in_a_decode_graph_names_its_first_layer(fault, faithful_decode, tmp_path):
+    ckpt, path, _ = faithful_decode
+    edit, layer = FAULTS[fault]
+    result = check_parity(faulted(ckpt, tmp_path / "bad", edit), path, tensorrt=False)
+    assert_first_bad(result, "onnxrt", layer)

@@ -71,3 +71,28 @@ def token_batches(cfg, shapes, seed: int = 0) -> list[OrderedDict]:
     last.flat[0] = 0
     last.flat[-1] = cfg.vocab_size - 1
     return feeds
+
+
+def decode_batches(model, shapes, cache_dtype, seed: int = 0) -> list[OrderedDict]:
+    """Feeds for the decode graph: each batch's first half is run eagerly to make
+    a past (KV cache and conv state); the graph and the eager runner then both
+    process the second half on top of that past."""
+    import torch
+
+    from ..export.graphs import decode_io_names
+
+    names = decode_io_names(model.cfg)[0]
+    feeds = []
+    for feed in token_batches(model.cfg, shapes, seed):
+        ids = torch.as_tensor(feed[INPUT_NAME])
+        B, T = ids.shape
+        p = T // 2
+        with torch.no_grad():
+            cache = model.empty_cache(B) if p == 0 else model.run(ids[:, :p])[1]
+        past = [x for kv in zip(cache.keys, cache.values) for x in kv] + ([cache.conv] if cache.conv is not None else [])
+        out = OrderedDict([(INPUT_NAME, ids[:, p:].numpy()), ("attention_mask", np.ones((B, T), np.int64)),
+                           ("position_ids", np.broadcast_to(np.arange(p, T), (B, T - p)).copy())])
+        for name, x in zip(names[3:], past):
+            out[name] = x.float().numpy().astype(cache_dtype)
+        feeds.append(out)
+    return feeds

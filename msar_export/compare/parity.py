@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, InputError, MsarError
 from ..runners.common import layer_index, layer_order, output_names
-from .inputs import check_shapes, default_shapes, token_batches
+from .inputs import check_shapes, decode_batches, default_shapes, token_batches
 from .preflight import GraphInfo, check_engine_path, inspect_onnx
 from .tolerances import Tolerance, looser, preset
 
@@ -272,6 +272,8 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
     if engine_path is not None and not tensorrt:
         raise InputError("--engine and --no-trt contradict each other; drop one")
     trt_skip = "--no-trt" if not tensorrt else tensorrt_unavailable()
+    if graph.decode and trt_skip is None and engine_path is None:
+        trt_skip = "decode graphs are checked on ONNX Runtime only (no in-memory engine profile for the past inputs)"
     if engine_path is not None and trt_skip is not None:
         # Asked to check an engine that cannot run here: an error, never a silent skip.
         raise BackendUnavailable(f"--engine {engine_path}: cannot run a TensorRT engine on this machine ({trt_skip})")
@@ -284,12 +286,17 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
         meta = verify_engine_metadata(engine_path, graph.path, plugins)
         for shape in shapes:
             check_input_shapes(meta, {"input_ids": tuple(shape)})
-    feeds = token_batches(cfg, shapes, seed)
+    cache_dtype = None
+    if graph.decode:
+        cache_dtype = np.float16 if graph.precision == "float16" else np.float32
+        feeds = decode_batches(model, shapes, cache_dtype, seed)
+    else:
+        feeds = token_batches(cfg, shapes, seed)
     names = output_names(cfg)
     order = layer_order(cfg)
 
     say(f"eager-torch: running {len(feeds)} batches {['%dx%d' % s for s in shapes]}")
-    ref_iters = run_runner(TorchRunner(model, name=REFERENCE), feeds, verbose)
+    ref_iters = run_runner(TorchRunner(model, name=REFERENCE, decode_cache_dtype=cache_dtype), feeds, verbose)
     backends = []
 
     # ONNX Runtime runs the graph exactly as exported, so its preset is the graph's own

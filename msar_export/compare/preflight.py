@@ -19,6 +19,7 @@ class GraphInfo:
     cfg: MSARConfig
     precision: str  # msar.dtype: the precision the graph computes in
     decomposed: bool
+    decode: bool = False  # the decode graph: fed a past from eager, compared on the new tokens
 
 
 def _load_proto(path: Path):
@@ -45,7 +46,7 @@ def _config_diff(graph: MSARConfig, ckpt: MSARConfig) -> list[str]:
 
 
 def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
-    """Check that the graph at `path` is the prefill graph of a model with `ckpt_cfg`."""
+    """Check that the graph at `path` is a prefill or decode graph of a model with `ckpt_cfg`."""
     from ..checkpoint import expected_shapes
 
     path = Path(path)
@@ -62,13 +63,20 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
     if diff:
         raise OnnxModelError(f"--onnx {path} was exported from a different model than this checkpoint "
                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})")
-    if meta.get("msar.graph", "prefill") != "prefill":
-        raise OnnxModelError(f"--onnx {path} is a {meta['msar.graph']} graph; `check` compares the prefill graph "
-                             "(export without --decode)")
-
+    decode = meta.get("msar.graph", "prefill") == "decode"
     inits = {t.name: t for t in proto.graph.initializer}
     inputs = [v for v in proto.graph.input if v.name not in inits]
-    if [v.name for v in inputs] != [INPUT_NAME]:
+    if decode:
+        from ..export.graphs import decode_io_names
+
+        want = decode_io_names(ckpt_cfg)[0]
+        if [v.name for v in inputs] != want:
+            raise OnnxModelError(f"--onnx {path}: decode graph inputs are {[v.name for v in inputs]}, expected {want}")
+        cache = next(v for v in inputs if v.name == "past_key_values.0.key").type.tensor_type.elem_type
+        if cache not in (1, 10):  # FLOAT, FLOAT16: what numpy can feed
+            raise OnnxModelError(f"--onnx {path}: a bfloat16 decode graph's cache cannot be fed from numpy; "
+                                 "check its float32 export (or the prefill graph)")
+    elif [v.name for v in inputs] != [INPUT_NAME]:
         raise OnnxModelError(f"--onnx {path}: graph inputs are {[v.name for v in inputs]}, expected ['{INPUT_NAME}']")
     tt = inputs[0].type.tensor_type
     if tt.elem_type != 7 or len(tt.shape.dim) != 2:  # 7 = INT64
@@ -93,7 +101,7 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
     precision = meta.get("msar.dtype", "float32")
     if precision not in ("float32", "float16", "bfloat16"):
         raise OnnxModelError(f"--onnx {path}: unknown msar.dtype {precision!r}")
-    return GraphInfo(path, graph_cfg, precision, meta.get("msar.decomposed") == "true")
+    return GraphInfo(path, graph_cfg, precision, meta.get("msar.decomposed") == "true", decode)
 
 
 def check_engine_path(engine) -> Path:

@@ -37,11 +37,15 @@ class TorchRunner(BaseRunner):
     bfloat16): `logits` [B, T, vocab] and `hidden.{l}` [B, T, d] for l = 1..L+1.
     """
 
-    def __init__(self, model, name: str | None = None, device: str = "cpu"):
-        """model: an MSARLM or a callable returning one (e.g. `ModelFromCheckpoint`)."""
+    def __init__(self, model, name: str | None = None, device: str = "cpu", decode_cache_dtype=None):
+        """model: an MSARLM or a callable returning one (e.g. `ModelFromCheckpoint`).
+
+        decode_cache_dtype: set (np.float32 / np.float16) to take the decode
+        graph's inputs (MSAR_SPEC section 3) and run the same cached step."""
         super().__init__(name=name, prefix="torch-runner")
         self._model = model
         self.device = device
+        self.decode_cache_dtype = decode_cache_dtype
 
     def activate_impl(self):
         import torch
@@ -50,7 +54,37 @@ class TorchRunner(BaseRunner):
         self.model = model.to(self.device).eval()
 
     def get_input_metadata_impl(self):
-        return TensorMetadata().add(INPUT_NAME, dtype=np.int64, shape=("batch", "seq"))
+        meta = TensorMetadata().add(INPUT_NAME, dtype=np.int64, shape=("batch", "seq"))
+        if self.decode_cache_dtype is None:
+            return meta
+        from ..export.graphs import decode_io_names
+
+        cfg = self.model.cfg
+        meta.add("attention_mask", dtype=np.int64, shape=("batch", "past + seq"))
+        meta.add("position_ids", dtype=np.int64, shape=("batch", "seq"))
+        for name in decode_io_names(cfg)[0][3:]:
+            shape = ((cfg.n_sublayers + 1, "batch", cfg.kmax - 1, cfg.d_model) if name == "past_conv_state"
+                     else ("batch", cfg.n_kv_heads, "past", cfg.head_dim))
+            meta.add(name, dtype=self.decode_cache_dtype, shape=shape)
+        return meta
+
+    def _cache(self, feed_dict):
+        """The past from the feed, in the model's dtype (None for the prefill graph)."""
+        import torch
+
+        from ..model import DecodeCache
+
+        if self.decode_cache_dtype is None:
+            return None, None, None
+        cfg, dt = self.model.cfg, self.model.dtype
+
+        def t(name):
+            return torch.as_tensor(np.asarray(feed_dict[name])).to(self.device)
+
+        keys = [t(f"past_key_values.{k}.key").to(dt) for k in range(cfg.n_blocks)]
+        values = [t(f"past_key_values.{k}.value").to(dt) for k in range(cfg.n_blocks)]
+        conv = t("past_conv_state").to(dt) if cfg.residual == "msar" else None
+        return DecodeCache(keys, values, conv), t("attention_mask"), t("position_ids")
 
     def infer_impl(self, feed_dict):
         import torch
@@ -61,8 +95,10 @@ class TorchRunner(BaseRunner):
         cfg = self.model.cfg
         check_token_batch(ids, None, cfg.vocab_size, cfg.max_seq_len)
         start = time.perf_counter()
+        cache, mask, positions = self._cache(feed_dict)
         with torch.no_grad():
-            logits, hidden = self.model.forward_with_hidden(ids.to(self.device))
+            hidden = []
+            logits, _ = self.model.run(ids.to(self.device), mask, positions, cache, hidden=hidden)
         self.inference_time = time.perf_counter() - start
         out = OrderedDict()
         out[LOGITS_NAME] = logits.float().cpu().numpy()
