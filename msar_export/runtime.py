@@ -13,7 +13,7 @@ import torch
 
 from .config import MSARConfig
 from .errors import OnnxModelError
-from .model.generate import check_token_batch, pick_next, positions_from_mask
+from .model.generate import check_token_batch, decode_loop
 
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": None}
 
@@ -108,27 +108,18 @@ class OrtDecoder:
         return outs["logits"], new
 
     def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
-                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None) -> torch.Tensor:
+                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+                 eos_token_id: int | None = None) -> torch.Tensor:
         """Same contract as `msar_export.generate` (left-padded batches)."""
         ids = torch.as_tensor(input_ids)
         mask = None if attention_mask is None else torch.as_tensor(attention_mask)
         check_token_batch(ids, mask, self.cfg.vocab_size, self.cfg.max_seq_len, max_new_tokens)
-        ids = ids.long()
-        B = ids.shape[0]
-        mask = torch.ones_like(ids) if mask is None else mask.long()
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        positions = positions_from_mask(mask)
-        logits, cache = self.step(ids.numpy(), mask.numpy(), positions.numpy(), self.empty_cache(B))
-        out = [ids]
-        for step in range(max_new_tokens):
-            nxt = pick_next(torch.from_numpy(logits[:, -1].astype(np.float32)), do_sample, temperature, top_k, gen)
-            out.append(nxt[:, None])
-            if step == max_new_tokens - 1:
-                break
-            mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype)], dim=1)
-            positions = positions[:, -1:] + 1
-            logits, cache = self.step(nxt[:, None].numpy(), mask.numpy(), positions.numpy(), cache)
-        return torch.cat(out, dim=1)
+
+        def step(ids, mask, positions, cache):
+            return self.step(ids.numpy(), mask.numpy(), positions.numpy(), cache)
+
+        return decode_loop(step, ids, mask, self.empty_cache(ids.shape[0]), max_new_tokens, do_sample, temperature,
+                           top_k, seed, eos_token_id)
 
 
 __all__ = ["OrtModel", "OrtDecoder", "open_session", "default_providers"]

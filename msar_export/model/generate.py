@@ -49,6 +49,35 @@ def pick_next(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: 
     return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
 
 
+def decode_loop(step, input_ids, attention_mask, cache, max_new_tokens: int, do_sample: bool, temperature: float,
+                top_k: int | None, seed: int | None, eos_token_id: int | None = None) -> torch.Tensor:
+    """Prefill then one token per step, for any backend.
+
+    step(ids, mask, positions, cache) -> (logits (B,T,vocab), cache) runs the
+    model on new tokens (torch int64 tensors) after `cache`; input_ids must be
+    validated already.  Rows that emitted `eos_token_id` keep emitting it."""
+    input_ids = input_ids.long()
+    B = input_ids.shape[0]
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    positions = positions_from_mask(mask)
+    logits, cache = step(input_ids, mask, positions, cache)
+    out = [input_ids]
+    done = torch.zeros(B, dtype=torch.bool)
+    for i in range(max_new_tokens):
+        nxt = pick_next(torch.as_tensor(logits[:, -1]).float(), do_sample, temperature, top_k, gen)
+        if eos_token_id is not None:
+            nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+            done |= nxt == eos_token_id
+        out.append(nxt[:, None])
+        if i == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype)], dim=1)
+        positions = positions[:, -1:] + 1
+        logits, cache = step(nxt[:, None], mask, positions, cache)
+    return torch.cat(out, dim=1)
+
+
 @torch.no_grad()
 def generate(model, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
@@ -59,23 +88,5 @@ def generate(model, input_ids, attention_mask=None, max_new_tokens: int = 32, do
     keep emitting it."""
     cfg = model.cfg
     check_token_batch(input_ids, attention_mask, cfg.vocab_size, cfg.max_seq_len, max_new_tokens)
-    input_ids = input_ids.long()
-    B, T = input_ids.shape
-    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
-    positions = positions_from_mask(mask)
-    logits, cache = model.run(input_ids, mask, positions, None)
-    out = [input_ids]
-    done = torch.zeros(B, dtype=torch.bool)
-    for step in range(max_new_tokens):
-        nxt = pick_next(logits[:, -1], do_sample, temperature, top_k, gen)
-        if eos_token_id is not None:
-            nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
-            done |= nxt == eos_token_id
-        out.append(nxt[:, None])
-        if step == max_new_tokens - 1:
-            break
-        mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype)], dim=1)
-        positions = positions[:, -1:] + 1
-        logits, cache = model.run(nxt[:, None], mask, positions, cache)
-    return torch.cat(out, dim=1)
+    return decode_loop(model.run, input_ids, attention_mask, None, max_new_tokens, do_sample, temperature, top_k,
+                       seed, eos_token_id)
