@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .config import MSARConfig
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, first_line
 from .fileio import atomic_dir
 
 CONFIG_FILE = "config.json"
@@ -99,8 +99,8 @@ def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tens
         try:
             return load_file(st)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise CheckpointError(f"{st}: not a readable safetensors file ({msg}); the file is truncated or corrupt") from None
+            raise CheckpointError(f"{st}: not a readable safetensors file ({first_line(e)}); "
+                                  "the file is truncated or corrupt") from None
     pickles = [path / n for n in PICKLE_FILES if (path / n).is_file()]
     if not pickles:
         raise CheckpointError(f"{path}: no {WEIGHTS_FILE}")
@@ -112,8 +112,7 @@ def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tens
     try:
         obj = torch.load(pickles[0], map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses any non-tensor payload
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{pickles[0]}: refused by torch.load(weights_only=True): {msg}") from None
+        raise CheckpointError(f"{pickles[0]}: refused by torch.load(weights_only=True): {first_line(e)}") from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
         raise CheckpointError(f"{pickles[0]}: expected a flat dict of name -> tensor")
     return obj

@@ -32,3 +32,9 @@ class InputError(MsarError):
 
 class BackendUnavailable(MsarError):
     """A backend (TensorRT, CUDA, Triton) is not installed on this machine."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's first non-empty line (its type name if it has no text), for one-line errors."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

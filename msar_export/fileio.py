@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import Iterator
 
 
+def _plain_mode(bits: int) -> int:
+    """The mode open()/mkdir() would give under the current umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return bits & ~umask
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside `target`; rename it onto `target` on success."""
@@ -20,10 +27,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        # mkstemp makes the file 0600; give it the mode a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)
+        os.chmod(tmp_path, _plain_mode(0o666))  # mkstemp makes it 0600
         os.replace(tmp_path, target)
     finally:
         tmp_path.unlink(missing_ok=True)
@@ -51,9 +55,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     old = None
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700
+        os.chmod(tmp, _plain_mode(0o777))  # mkdtemp makes it 0700
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
             os.rmdir(old)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .config import MSARConfig
-from .errors import OnnxModelError
+from .errors import OnnxModelError, first_line
 from .model.generate import check_token_batch, decode_loop
 
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": None}
@@ -46,8 +46,7 @@ def open_session(path: str | os.PathLike, providers: list[str] | None = None, th
     try:
         return ort.InferenceSession(str(path), opts, providers=providers or default_providers())
     except Exception as e:  # ORT raises its own Fail/InvalidGraph/... types for unreadable files
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OnnxModelError(f"{path}: ONNX Runtime cannot load this file ({msg[:300]})") from None
+        raise OnnxModelError(f"{path}: ONNX Runtime cannot load this file ({first_line(e)[:300]})") from None
 
 
 def config_of(session, path) -> MSARConfig:

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import first_line
+
 # Max abs error over max abs logit, ORT vs eager in the same dtype.  fp32: both
 # sides are float32 implementations of one graph, ~1e-6 apart in practice; the
 # project's acceptance bar is 1e-5.  fp16: one fp16 rounding of every stored
@@ -55,7 +57,7 @@ def _static_checks(path: Path, res: ValidationResult) -> None:
         onnx.checker.check_model(str(path), full_check=True)
         res.checks.append("onnx.checker full")
     except Exception as e:
-        res.failures.append(f"onnx.checker: {str(e).splitlines()[0]}")
+        res.failures.append(f"onnx.checker: {first_line(e)}")
     try:
         inferred = onnx.shape_inference.infer_shapes(onnx.load(str(path), load_external_data=False),
                                                      check_type=True, strict_mode=True, data_prop=True)
@@ -65,7 +67,7 @@ def _static_checks(path: Path, res: ValidationResult) -> None:
             res.failures.append(f"shape inference gives logits rank {rank}, expected 3")
         res.checks.append("strict shape inference")
     except Exception as e:
-        res.failures.append(f"shape inference: {str(e).splitlines()[0]}")
+        res.failures.append(f"shape inference: {first_line(e)}")
 
 
 def _eager_reference(model, ids: torch.Tensor) -> np.ndarray:
