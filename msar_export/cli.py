@@ -24,12 +24,6 @@ REGISTRARS: tuple[str, ...] = (
 )
 
 
-def _torch_dtype(name: str):
-    import torch
-
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
 def cmd_train(a) -> int:
     from .train import DEFAULT_CONFIG, TrainSettings, train_all
 
