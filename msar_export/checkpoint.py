@@ -8,14 +8,17 @@ through `torch.load(weights_only=True)`.
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from .config import MSARConfig
 from .errors import CheckpointError, ConfigError, first_line
 from .fileio import atomic_dir
+from .untrusted import read_small_file
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -23,40 +26,63 @@ PICKLE_FILES = ("model.pt", "model.bin", "pytorch_model.bin")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def expected_shapes(cfg: MSARConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name and shape a checkpoint of `cfg` holds, in file order."""
+def iter_expected(cfg: MSARConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor name and shape a checkpoint of `cfg` holds, in file order, lazily."""
     d, V, L, F_, m = cfg.d_model, cfg.vocab_size, cfg.n_sublayers, cfg.mlp_hidden, cfg.n_streams
     qd, kvd = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (V, d)}
+    yield "embed.weight", (V, d)
     for l in range(1, L + 1):
-        shapes[f"layers.{l}.norm.weight"] = (d,)
+        yield f"layers.{l}.norm.weight", (d,)
         if l % 2 == 1:
-            shapes.update({f"layers.{l}.wq.weight": (qd, d), f"layers.{l}.wk.weight": (kvd, d),
-                           f"layers.{l}.wv.weight": (kvd, d), f"layers.{l}.wo.weight": (d, qd)})
+            yield from ((f"layers.{l}.wq.weight", (qd, d)), (f"layers.{l}.wk.weight", (kvd, d)),
+                        (f"layers.{l}.wv.weight", (kvd, d)), (f"layers.{l}.wo.weight", (d, qd)))
         else:
-            shapes.update({f"layers.{l}.w_gate.weight": (F_, d), f"layers.{l}.w_up.weight": (F_, d),
-                           f"layers.{l}.w_down.weight": (d, F_)})
+            yield from ((f"layers.{l}.w_gate.weight", (F_, d)), (f"layers.{l}.w_up.weight", (F_, d)),
+                        (f"layers.{l}.w_down.weight", (d, F_)))
     if cfg.residual in ("attnres", "msar"):
         for j in range(1, L + 2):
-            shapes[f"mixers.{j}.query"] = (m, d)
+            yield f"mixers.{j}.query", (m, d)
             if cfg.residual == "msar":
-                shapes.update({f"mixers.{j}.gate.weight": (m, m * d), f"mixers.{j}.gate.bias": (m,),
-                               f"mixers.{j}.gate_scale": ()})
+                yield from ((f"mixers.{j}.gate.weight", (m, m * d)), (f"mixers.{j}.gate.bias", (m,)),
+                            (f"mixers.{j}.gate_scale", ()))
     for i in range(L + 1 if cfg.residual == "msar" else 0):
         for r, k in enumerate(cfg.conv_kernels, start=1):
-            shapes[f"sources.{i}.conv.{r}.weight"] = (d, 1, k)
-    shapes["final_norm.weight"] = (d,)
+            yield f"sources.{i}.conv.{r}.weight", (d, 1, k)
+    yield "final_norm.weight", (d,)
     if not cfg.tie_embeddings:
-        shapes["lm_head.weight"] = (V, d)
-    return shapes
+        yield "lm_head.weight", (V, d)
+
+
+def expected_shapes(cfg: MSARConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name and shape a checkpoint of `cfg` holds, in file order."""
+    return dict(iter_expected(cfg))
+
+
+
+
+def expected_count(cfg: MSARConfig) -> int:
+    """len(expected_shapes(cfg)), without building the table (a config can claim 10**8 blocks)."""
+    L, mixers = cfg.n_sublayers, cfg.n_sublayers + 1
+    n = 1 + L + 4 * ((L + 1) // 2) + 3 * (L // 2) + 1 + (not cfg.tie_embeddings)
+    if cfg.residual in ("attnres", "msar"):
+        n += mixers * (4 if cfg.residual == "msar" else 1)
+    if cfg.residual == "msar":
+        n += (L + 1) * len(cfg.conv_kernels)
+    return n
 
 
 def validate_tensors(cfg: MSARConfig, tensors: dict[str, torch.Tensor]) -> None:
     """Raise CheckpointError naming the first problem; silent when all is well."""
-    want = expected_shapes(cfg)
+    hint = f"(config: residual={cfg.residual}, n_blocks={cfg.n_blocks}, stream_kernels={list(cfg.stream_kernels)}, tie_embeddings={str(cfg.tie_embeddings).lower()})"
+    n_want = expected_count(cfg)
+    if n_want > 2 * len(tensors) + 64:
+        # Named lazily: a config may claim 10**8 blocks; the first missing names come
+        # within len(tensors) + 3 steps, so the work is bounded by what the file holds.
+        first = list(itertools.islice((n for n, _ in iter_expected(cfg) if n not in tensors), 3))
+        raise CheckpointError(f"checkpoint is missing {n_want - len(tensors):,} or more tensor(s), first {first} {hint}")
+    want = expected_shapes(cfg)  # at most 2 len(tensors) + 64 entries
     missing = [n for n in want if n not in tensors]
     extra = sorted(n for n in tensors if n not in want)
-    hint = f"(config: residual={cfg.residual}, n_blocks={cfg.n_blocks}, stream_kernels={list(cfg.stream_kernels)}, tie_embeddings={str(cfg.tie_embeddings).lower()})"
     if missing:
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s), first {missing[:3]} {hint}")
     if extra:
@@ -76,23 +102,20 @@ def validate_tensors(cfg: MSARConfig, tensors: dict[str, torch.Tensor]) -> None:
 
 def read_config(path: Path) -> MSARConfig:
     cfg_file = path / CONFIG_FILE
-    if not cfg_file.is_file():
+    if not os.path.lexists(cfg_file):
         raise CheckpointError(f"{path}: no {CONFIG_FILE}; a checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    try:
-        text = cfg_file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cfg_file}: cannot read ({e})") from None
+    text = read_small_file(cfg_file, CONFIG_FILE, CheckpointError)
     try:
         return MSARConfig.from_json(text)
     except ConfigError as e:
         raise ConfigError(f"{cfg_file}: {e}") from None
-    except TypeError as e:  # a value of the wrong JSON type reaching a comparison
-        raise ConfigError(f"{cfg_file}: a value has the wrong type ({e})") from None
 
 
 def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
     st = path / WEIGHTS_FILE
-    if st.is_file():
+    if os.path.lexists(st):
+        if not st.is_file():  # a FIFO or device would block or never end
+            raise CheckpointError(f"{st}: not a regular file")
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -101,9 +124,11 @@ def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tens
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"{st}: not a readable safetensors file ({first_line(e)}); "
                                   "the file is truncated or corrupt") from None
-    pickles = [path / n for n in PICKLE_FILES if (path / n).is_file()]
+    pickles = [path / n for n in PICKLE_FILES if os.path.lexists(path / n)]
     if not pickles:
         raise CheckpointError(f"{path}: no {WEIGHTS_FILE}")
+    if not pickles[0].is_file():
+        raise CheckpointError(f"{pickles[0]}: not a regular file")
     if not trust_pickle:
         raise CheckpointError(
             f"{pickles[0]} is a pickle file, which can run code when loaded; refusing. "

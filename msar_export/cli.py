@@ -40,7 +40,10 @@ def cmd_train(a) -> int:
 def _encode_prompt(text: str):
     import torch
 
-    data = text.encode("utf-8")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # argv bytes that are not UTF-8 arrive as lone surrogates
+        raise InputError("--prompt is not valid UTF-8 text") from None
     if not data:
         raise InputError("--prompt is empty; give at least one character")
     return torch.tensor([list(data)], dtype=torch.long)

@@ -14,6 +14,12 @@ MODEL_TYPE = "msar_lm"
 FORMAT_VERSION = 1
 RESIDUAL_KINDS = ("standard", "attnres", "msar")
 
+# Far above any model one would ship (48 blocks, d 8192, 256k vocabulary), far below
+# what would make a table built from a hostile config cost memory or minutes.
+LIMITS = {"vocab_size": 1 << 22, "d_model": 1 << 16, "n_blocks": 1 << 12, "n_heads": 1 << 12,
+          "n_kv_heads": 1 << 12, "mlp_hidden": 1 << 18, "max_seq_len": 1 << 24}
+MAX_STREAMS, MAX_KERNEL = 64, 1 << 12
+
 
 @dataclass(frozen=True)
 class MSARConfig:
@@ -68,11 +74,13 @@ class MSARConfig:
 
         if self.model_type != MODEL_TYPE:
             raise ConfigError(f"config.json: model_type is {self.model_type!r}, expected {MODEL_TYPE!r}")
-        if self.format_version != FORMAT_VERSION:
+        if not isinstance(self.format_version, int) or isinstance(self.format_version, bool) \
+                or self.format_version != FORMAT_VERSION:
             self.reject_version(self.format_version)
-        for name in ("vocab_size", "d_model", "n_blocks", "n_heads", "n_kv_heads", "mlp_hidden", "max_seq_len"):
+        for name, limit in LIMITS.items():
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"{name} must be a positive integer, got {v!r}")
+            need(v <= limit, f"{name}={v} is over this msar-export's limit of {limit:,}")
         for name in ("rope_theta", "norm_eps", "mixer_eps"):
             v = getattr(self, name)
             need(
@@ -86,6 +94,9 @@ class MSARConfig:
             len(k) >= 1 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in k),
             f"stream_kernels must be a non-empty list of positive integers, got {list(k)!r}",
         )
+        need(len(k) <= MAX_STREAMS and max(k) <= MAX_KERNEL,
+             f"stream_kernels: at most {MAX_STREAMS} streams of kernel size at most {MAX_KERNEL}, got "
+             f"{len(k)} streams, largest {max(k)}")
         need(k[0] == 1, f"stream_kernels must start with 1 (stream 0 is the identity), got {list(k)!r}")
         need(self.d_model % self.n_heads == 0, f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
         need(self.n_heads % self.n_kv_heads == 0, f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
@@ -115,11 +126,13 @@ class MSARConfig:
             raise ConfigError(f"config.json: unknown keys {extra}; is this an msar_lm checkpoint?")
         if missing:
             raise ConfigError(f"config.json: missing keys {missing}")
-        if d["format_version"] != FORMAT_VERSION:
-            # Checked first so a newer format is reported as such, not as a type error.
-            cls.reject_version(d["format_version"])
+        v = d["format_version"]
+        if not isinstance(v, int) or isinstance(v, bool) or v != FORMAT_VERSION:
+            # Checked first so a newer format is reported as such, not as a type error;
+            # `true` and `1.0` equal 1 in Python but are not format version 1.
+            cls.reject_version(v)
         sk = d["stream_kernels"]
-        if not isinstance(sk, list):
+        if not isinstance(sk, list) or len(sk) > MAX_STREAMS:
             raise ConfigError(f"config.json: stream_kernels must be a list of integers, got {sk!r}")
         return cls(**{**d, "stream_kernels": tuple(sk)})
 
@@ -131,9 +144,13 @@ class MSARConfig:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "MSARConfig":
+    def from_json(cls, text: str, what: str = "config.json") -> "MSARConfig":
+        """Parse untrusted JSON: duplicate keys, NaN, deep nesting and huge integers are refused."""
+        from .untrusted import MAX_CONFIG_BYTES, loads_json
+
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{what} is {len(text):,} characters, over the {MAX_CONFIG_BYTES:,} limit")
         try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config.json is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-        return cls.from_dict(d)
+            return cls.from_dict(loads_json(text, what, ConfigError))
+        except TypeError as e:  # a value of the wrong JSON type reaching a comparison
+            raise ConfigError(f"{what}: a value has the wrong type ({e})") from None

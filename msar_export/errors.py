@@ -30,6 +30,10 @@ class InputError(MsarError):
     """Token ids, masks or shapes given to a model are invalid."""
 
 
+class OutputError(MsarError):
+    """An output path cannot be written (not a regular file, not ours, unwritable, disk full)."""
+
+
 class BackendUnavailable(MsarError):
     """A backend (TensorRT, CUDA, Triton) is not installed on this machine."""
 

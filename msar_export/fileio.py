@@ -1,13 +1,22 @@
-"""Atomic writes: a killed run leaves the old file or the new one, never half."""
+"""Atomic writes: a killed run leaves the old file or the new one, never half.
+
+Targets are checked before anything is written: an output path may be absent or a
+regular file (a directory target of `atomic_dir` must be a directory); a device,
+FIFO or socket is never replaced.  OS failures (unwritable, disk full, /proc)
+become one-line `OutputError`s.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from .errors import OutputError
 
 
 def _plain_mode(bits: int) -> int:
@@ -17,20 +26,55 @@ def _plain_mode(bits: int) -> int:
     return bits & ~umask
 
 
+def check_output_file(target: str | os.PathLike) -> Path:
+    """Refuse, before any work, an output file path that is not absent or a regular file."""
+    target = Path(target)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OutputError(f"{target}: cannot write here ({e.strerror})") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputError(f"{target}: is a directory; give a file path")
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputError(f"{target}: exists and is not a regular file (a device, FIFO or socket); "
+                              "refusing to replace it")
+    for parent in target.absolute().parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise OutputError(f"{target}: {parent} is not a directory")
+            break
+    return target
+
+
+@contextlib.contextmanager
+def os_errors_as_output_errors(target: Path) -> Iterator[None]:
+    """Unwritable, disk full, read-only file system: the user's problem, one line."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputError(f"{target}: cannot write ({e.strerror or type(e).__name__}"
+                          f"{': ' + e.filename if e.filename and str(e.filename) != str(target) else ''})") from None
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside `target`; rename it onto `target` on success."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.chmod(tmp_path, _plain_mode(0o666))  # mkstemp makes it 0600
-        os.replace(tmp_path, target)
-    finally:
-        tmp_path.unlink(missing_ok=True)
+    target = check_output_file(target)
+    with os_errors_as_output_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        try:
+            yield tmp_path
+            check_output_file(target)  # nothing swapped in under us while we worked
+            os.chmod(tmp_path, _plain_mode(0o666))  # mkstemp makes it 0600
+            os.replace(tmp_path, target)
+        finally:
+            tmp_path.unlink(missing_ok=True)
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
@@ -49,23 +93,52 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     An existing `target` is moved aside first and removed only after the new
     directory is in place, so an interruption never leaves a mixed directory.
     """
+    target = check_output_dir(target)
+    with os_errors_as_output_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        old = None
+        try:
+            yield tmp
+            os.chmod(tmp, _plain_mode(0o777))  # mkdtemp makes it 0700
+            check_output_dir(target)
+            if target.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+                os.rmdir(old)
+                os.replace(target, old)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def check_output_dir(target: str | os.PathLike) -> Path:
+    """Refuse an output directory path that exists as anything but a directory."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    old = None
+    if target.is_symlink():
+        raise OutputError(f"{target}: is a symbolic link; give the real directory")
+    if os.path.lexists(target) and not target.is_dir():
+        raise OutputError(f"{target}: exists and is not a directory; refusing to replace it")
+    for parent in target.absolute().parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise OutputError(f"{target}: {parent} is not a directory")
+            break
+    return target
+
+
+@contextlib.contextmanager
+def scratch_dir_beside(target: Path) -> Iterator[Path]:
+    """A temp directory next to `target` (same file system, so os.replace is atomic), always removed."""
+    with os_errors_as_output_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp
-        os.chmod(tmp, _plain_mode(0o777))  # mkdtemp makes it 0700
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
-            os.rmdir(old)
-            os.replace(target, old)
-        os.replace(tmp, target)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -78,4 +151,5 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_dir", "file_sha256"]
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_dir", "file_sha256", "check_output_file",
+           "check_output_dir", "scratch_dir_beside", "os_errors_as_output_errors"]

@@ -43,7 +43,7 @@ def read_onnx(path: str | os.PathLike) -> OnnxInfo:
     if "msar.config" in meta:
         try:
             max_seq_len = int(json.loads(meta["msar.config"]).get("max_seq_len", max_seq_len))
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, RecursionError):
             pass
 
     initializers = {t.name for t in model.graph.initializer}

@@ -47,7 +47,7 @@ def cmd_check(a) -> int:
     from .parity import check_parity
     from .report import print_report
 
-    shapes = parse_shapes(a.shapes) if a.shapes else None
+    shapes = parse_shapes(a.shapes) if a.shapes is not None else None
     result = check_parity(a.checkpoint, a.onnx, engine=a.engine, plugins=a.plugins, dtype=a.dtype, tol=a.tol,
                           shapes=shapes, seed=a.seed, report_dir=a.report, tensorrt=not a.no_trt,
                           trust_pickle=a.trust_pickle, verbose=a.verbose,

@@ -13,6 +13,9 @@ from ..runners.common import INPUT_NAME
 # specialised a dynamic dimension fails here instead of passing by luck.
 DEFAULT_BATCHES = (1, 2, 3)
 DEFAULT_LENGTHS = (None, 37, 64)  # None: kmax + 5, one full conv window plus a few tokens
+# Every backend holds float32 logits [B, T, vocab] and hidden states for each shape:
+# 2**27 logits is 512 MiB per copy, far above what a parity check needs.
+MAX_BATCH, MAX_LOGITS = 256, 1 << 27
 
 
 def default_shapes(cfg) -> list[tuple[int, int]]:
@@ -28,6 +31,8 @@ def default_shapes(cfg) -> list[tuple[int, int]]:
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     """'1x17,2x37' -> [(1, 17), (2, 37)]."""
+    if not text.strip():
+        raise InputError("--shapes is empty; give e.g. 1x17,2x37,3x64")
     shapes = []
     for part in text.split(","):
         part = part.strip().lower()
@@ -48,6 +53,10 @@ def check_shapes(shapes, cfg) -> list[tuple[int, int]]:
     for b, t in shapes:
         if b < 1 or t < 1:
             raise InputError(f"input shape {b}x{t}: batch and sequence must be at least 1")
+        if b > MAX_BATCH or b * t * cfg.vocab_size > MAX_LOGITS:
+            raise InputError(f"input shape {b}x{t}: too large for a parity check (at most {MAX_BATCH} rows and "
+                             f"{MAX_LOGITS:,} logits per batch, i.e. {MAX_LOGITS // cfg.vocab_size:,} tokens at "
+                             f"vocab {cfg.vocab_size})")
         if t > cfg.max_seq_len:
             raise InputError(f"input shape {b}x{t}: sequence length exceeds the checkpoint's max_seq_len={cfg.max_seq_len}")
     need = cfg.kmax + 1

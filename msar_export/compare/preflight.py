@@ -4,7 +4,6 @@ not ONNX, a graph exported from another model, a graph without `hidden.{l}`."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,8 +55,8 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
         raise OnnxModelError(f"--onnx {path}: no msar.config metadata, so it was not exported by msar-export; "
                              "export the checkpoint with `msar-export export CKPT -o model.onnx`")
     try:
-        graph_cfg = MSARConfig.from_dict(json.loads(meta["msar.config"]))
-    except (ConfigError, json.JSONDecodeError, TypeError) as e:
+        graph_cfg = MSARConfig.from_json(meta["msar.config"], "msar.config metadata")
+    except ConfigError as e:
         raise OnnxModelError(f"--onnx {path}: unreadable msar.config metadata ({e})") from None
     diff = _config_diff(graph_cfg, ckpt_cfg)
     if diff:

@@ -16,7 +16,7 @@ import torch
 
 from ..checkpoint import load_checkpoint
 from ..errors import InputError
-from ..fileio import atomic_dir
+from ..fileio import check_output_file, os_errors_as_output_errors, scratch_dir_beside
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import depth_retrieval_function, fused_mixer_function
 from .graphs import DecodeGraph, PrefillGraph, decode_io_names, dynamic_shapes, example_inputs
@@ -207,17 +207,18 @@ def save_model(model: ir.Model, out: Path) -> int:
     big = sum(v.const_value.nbytes for v in model.graph.initializers.values()
               if v.const_value is not None) > EXTERNAL_DATA_ABOVE
     proto = ir.serde.serialize_model(model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not big:
-        data = proto.SerializeToString(deterministic=True)
-        with atomic_dir(out.with_name(out.name + ".parts")) as tmp:
-            (tmp / out.name).write_bytes(data)
-            os.replace(tmp / out.name, out)
-        return len(data)
     data_name = out.name + ".data"
-    with atomic_dir(out.with_name(out.name + ".parts")) as tmp:
+    with scratch_dir_beside(out) as tmp, os_errors_as_output_errors(out):
+        if not big:
+            data = proto.SerializeToString(deterministic=True)
+            (tmp / out.name).write_bytes(data)
+            check_output_file(out)
+            os.replace(tmp / out.name, out)
+            return len(data)
         onnx.save_model(proto, str(tmp / out.name), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data_name, size_threshold=1024)
+        check_output_file(out)
+        check_output_file(out.parent / data_name)
         # Data first: a model file never points at a missing or older data file.
         os.replace(tmp / data_name, out.parent / data_name)
         os.replace(tmp / out.name, out)
@@ -232,7 +233,7 @@ def export_model(model, out: str | os.PathLike, opts: ExportOptions = ExportOpti
 
 def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) -> ExportReport:
     """`load()` gives the model (again for validation, after the file is written)."""
-    out = Path(out)
+    out = check_output_file(out)  # before minutes of tracing, not after
     t0 = time.perf_counter()
     model = load().to(DTYPES[opts.dtype]).eval()
     cfg, n_params = model.cfg, sum(p.numel() for p in model.parameters())

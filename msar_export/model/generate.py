@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..errors import InputError
@@ -9,6 +11,8 @@ from ..errors import InputError
 
 def check_token_batch(input_ids, attention_mask, vocab_size: int, max_seq_len: int, max_new_tokens: int = 0) -> None:
     """Raise InputError for anything a model cannot be asked to run on."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise InputError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
     if input_ids.dim() != 2:
         raise InputError(f"input_ids must be 2-D [batch, seq], got shape {list(input_ids.shape)}")
     B, T = input_ids.shape
@@ -38,6 +42,16 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def check_sampling(do_sample: bool, temperature: float, top_k: int | None) -> None:
+    """Sampling settings that would divide by zero, make NaN probabilities or an empty top-k."""
+    if not do_sample:
+        return
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise InputError(f"temperature must be a positive finite number, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise InputError(f"top_k must be a positive integer (or unset), got {top_k!r}")
+
+
 def pick_next(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None, generator) -> torch.Tensor:
     """logits (B, vocab) -> next token ids (B,)."""
     if not do_sample:
@@ -56,6 +70,7 @@ def decode_loop(step, input_ids, attention_mask, cache, max_new_tokens: int, do_
     step(ids, mask, positions, cache) -> (logits (B,T,vocab), cache) runs the
     model on new tokens (torch int64 tensors) after `cache`; input_ids must be
     validated already.  Rows that emitted `eos_token_id` keep emitting it."""
+    check_sampling(do_sample, temperature, top_k)
     input_ids = input_ids.long()
     B = input_ids.shape[0]
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()

@@ -47,6 +47,8 @@ def register(subparsers) -> None:
     r.add_argument("--plugins", nargs="+", default=[], metavar="LIB.so", help="TensorRT plugin libraries to copy in")
     r.add_argument("--onnx", metavar="MODEL.onnx", help="for an engine: the ONNX graph it was built from (its I/O)")
     r.add_argument("--no-validate", action="store_true", help="skip the ModelConfig schema check")
+    r.add_argument("--force", action="store_true",
+                   help="replace REPO even if it is not a repository msar-export wrote")
     r.set_defaults(func=cmd_triton_repo)
 
     s = subparsers.add_parser("serve", help="serve logits / generate on a real Triton server (127.0.0.1)",
@@ -108,7 +110,8 @@ def cmd_triton_repo(a) -> int:
     try:
         out = build_stock_repo(a.model, a.output, name=a.name, max_batch=a.max_batch, kind=a.kind,
                                instances=a.instances, queue_delay_us=a.queue_delay_us, batching=not a.no_batching,
-                               plugins=a.plugins, onnx_for_engine=a.onnx, validate=not a.no_validate)
+                               plugins=a.plugins, onnx_for_engine=a.onnx, validate=not a.no_validate,
+                               force=a.force)
     except BackendUnavailable as e:
         raise BackendUnavailable(f"{e}; or pass --no-validate to skip the ModelConfig schema check") from None
     manifest = json.loads((out / "manifest.json").read_text())

@@ -43,15 +43,15 @@ class PreparedRequest:
 
 
 class ServingClient:
-    def __init__(self, url: str, timeout_s: float = 120.0):
+    def __init__(self, url: str, timeout_s: float = 120.0, connect_timeout_s: float = 10.0):
         self.scheme, self.address = parse_url(url)
         self.url = f"{self.scheme}://{self.address}"
-        self.timeout_s = timeout_s
+        self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         try:
             if self.scheme == "http":
                 import tritonclient.http as tc
 
-                self._client = tc.InferenceServerClient(self.address, connection_timeout=timeout_s,
+                self._client = tc.InferenceServerClient(self.address, connection_timeout=connect_timeout_s,
                                                         network_timeout=timeout_s)
             else:
                 import tritonclient.grpc as tc
@@ -68,6 +68,8 @@ class ServingClient:
     # -- server state -------------------------------------------------------------
     def ready(self) -> bool:
         try:
+            if self.scheme == "grpc":
+                return bool(self._client.is_server_ready(client_timeout=self.connect_timeout_s))
             return bool(self._client.is_server_ready())
         except Exception:
             return False

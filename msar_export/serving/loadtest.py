@@ -26,7 +26,6 @@ import numpy as np
 from ..errors import InputError
 from .client import InferError, ServingClient, parse_url
 
-LOOPBACK = ("127.", "localhost", "[::1]", "::1")
 
 
 @dataclass
@@ -94,9 +93,15 @@ def machine_info() -> dict:
 
 
 def check_loopback(url: str) -> None:
+    import ipaddress
+
     _, address = parse_url(url)
-    host = address.rsplit(":", 1)[0]
-    if not host.startswith(LOOPBACK):
+    host = address.rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: only localhost itself, never a name that merely starts with it
+        loopback = host.lower() == "localhost"
+    if not loopback:
         raise InputError(f"--url {url}: the load test only targets this machine (127.0.0.1, localhost, [::1])")
 
 

@@ -19,8 +19,10 @@ import re
 import shutil
 from pathlib import Path
 
-from ..errors import EngineError, InputError, OnnxModelError
+from ..config import MSARConfig
+from ..errors import EngineError, InputError, MsarError, OnnxModelError, OutputError, first_line
 from ..fileio import atomic_dir, file_sha256
+from ..untrusted import contained
 from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
 
 MANIFEST = "manifest.json"
@@ -28,12 +30,59 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 TRT_EXTS = (".plan", ".engine", ".trt")
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+GENERATORS = ("msar-export triton-repo", "msar-export serve")
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """Copy, never hard-link: a second link to the user's file makes onnx refuse it
+    ('potential hardlink attack') and lets the repository change the original."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def copy_onnx_bundle(model: Path, dst: Path) -> list[str]:
+    """MODEL.onnx and each external-data file it names -> `dst` (the model file) and the
+    same relative locations beside it.  Returns the locations copied."""
+    from ..onnx_file import external_data_files, inspect_onnx
+
+    files = external_data_files(inspect_onnx(model), model)
+    _copy(model, dst)
+    for loc, real in files.items():
+        _copy(real, dst.parent / loc)
+    return sorted(files)
+
+
+def check_runs(model: Path) -> None:
+    """ONNX Runtime loads the graph as the repository holds it: no repository for a graph that
+    cannot run (the server would only fail later, at load time)."""
+    from ..runtime import open_session
+
+    open_session(model, threads=1, optimization="disable")
+
+
+def _is_our_repo(out: Path) -> bool:
     try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("generator") in GENERATORS
+
+
+def check_repo_target(out: Path, sources: list[Path], force: bool = False) -> None:
+    """`-o` may be absent or a repository msar-export wrote (its manifest.json says so);
+    anything else is refused unless --force, and never a folder that holds a source."""
+    real = out.resolve()
+    for src in sources:
+        src_real = src.resolve()
+        if src_real == real or real in src_real.parents:
+            raise OutputError(f"{out}: holds {src}, which this repository is made from; give another directory")
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise OutputError(f"{out}: exists and is not a directory; give a new directory for the repository")
+    if not force and any(out.iterdir()) and not _is_our_repo(out):
+        raise OutputError(f"{out}: exists and is not a repository msar-export wrote (no {MANIFEST} from it); "
+                          "it would be replaced: give a new directory, or pass --force to replace it")
 
 
 def _dir_mode(path: Path) -> None:
@@ -60,11 +109,16 @@ def verify_repo(repo: str | os.PathLike) -> list[str]:
     except (OSError, ValueError) as e:
         return [f"{repo / MANIFEST}: unreadable ({type(e).__name__})"]
     problems = []
-    for rel, sha in manifest.get("files", {}).items():
-        p = repo / rel
-        if not p.is_file():
-            problems.append(f"{rel}: missing")
-        elif file_sha256(p) != sha:
+    files = manifest.get("files", {}) if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return [f"{repo / MANIFEST}: no file table"]
+    for rel, sha in files.items():
+        try:
+            p = contained(repo, rel, "manifest entry", InputError)
+        except InputError as e:
+            problems.append(f"{rel}: {first_line(e)}")
+            continue
+        if file_sha256(p) != sha:
             problems.append(f"{rel}: changed")
     return problems
 
@@ -74,20 +128,6 @@ def _model_name(name: str | None, path: Path) -> str:
     if not NAME_RE.match(name):
         raise InputError(f"--name {name!r}: use letters, digits, '_', '.', '-' (a directory name Triton accepts)")
     return name
-
-
-def _onnx_external_files(path: Path) -> list[str]:
-    """Relative locations of the external-data files an ONNX model points at."""
-    import onnx
-
-    proto = onnx.load(str(path), load_external_data=False)
-    locs = set()
-    for t in proto.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for e in t.external_data:
-                if e.key == "location":
-                    locs.add(e.value)
-    return sorted(locs)
 
 
 def _engine_io(path: Path, plugins: list[Path]) -> GraphIO:
@@ -191,7 +231,7 @@ def _readme_stock(name: str, backend: str, io: GraphIO, batched: bool, plugin_na
 def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str | None = None,
                      max_batch: int = 8, kind: str | None = None, instances: int = 1, queue_delay_us: int = 500,
                      batching: bool = True, plugins=(), onnx_for_engine: str | os.PathLike | None = None,
-                     validate: bool = True) -> Path:
+                     validate: bool = True, force: bool = False) -> Path:
     """MODEL.onnx -> onnxruntime model, MODEL.plan -> tensorrt model, in repository `out`."""
     model, out = Path(model), Path(out)
     if not model.is_file():
@@ -207,7 +247,6 @@ def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str
         if plugins:
             raise InputError("--plugins is for TensorRT engines; an ONNX model runs on stock ONNX Runtime")
         backend, io = "onnxruntime", read_onnx_io(model)
-        extras = _onnx_external_files(model)
     elif model.suffix.lower() in TRT_EXTS:
         backend = "tensorrt"
         if model.stat().st_size == 0:
@@ -225,9 +264,9 @@ def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str
             except Exception as e:  # no GPU, wrong TensorRT version, ...
                 raise EngineError(f"{model}: TensorRT cannot load this engine here ({type(e).__name__}: "
                                   f"{str(e).splitlines()[0][:200] if str(e) else ''}); pass --onnx MODEL.onnx") from None
-        extras = []
     else:
         raise InputError(f"{model}: expected an ONNX model (.onnx) or a TensorRT engine ({', '.join(TRT_EXTS)})")
+    check_repo_target(out, [model, *plugins], force)
     kind = kind or ("gpu" if backend == "tensorrt" else "cpu")
     text, batched = stock_config(name, backend, io, max_batch, kind, instances, queue_delay_us, batching)
     with atomic_dir(out) as tmp:
@@ -235,14 +274,10 @@ def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str
         (mdir / "1").mkdir(parents=True)
         (mdir / "config.pbtxt").write_text(text)
         if backend == "onnxruntime":
-            _link_or_copy(model, mdir / "1" / "model.onnx")
-            for rel in extras:
-                src = model.parent / rel
-                if not src.is_file():
-                    raise OnnxModelError(f"{model}: external data file {src} is missing")
-                _link_or_copy(src, mdir / "1" / rel)
+            copy_onnx_bundle(model, mdir / "1" / "model.onnx")
+            check_runs(mdir / "1" / "model.onnx")
         else:
-            _link_or_copy(model, mdir / "1" / "model.plan")
+            _copy(model, mdir / "1" / "model.plan")
             if plugins:
                 (mdir / "plugins").mkdir()
             for p in plugins:
@@ -266,7 +301,7 @@ def serving_configs(prefill_io: GraphIO | None, decode_io: GraphIO | None, repo_
     """{model name: config.pbtxt} for the Python-backend logits / generate models."""
     logits_io = prefill_io or decode_io
     vocab_out = next(t for t in logits_io.outputs if t.name == "logits")
-    cfg_json = json.loads(logits_io.metadata.get("msar.config", "{}"))
+    cfg_json = MSARConfig.from_json(logits_io.metadata["msar.config"], "msar.config metadata").to_dict()
     common = {
         "backend": "python",
         "max_batch_size": max_batch,
@@ -343,7 +378,8 @@ def _key(prefill: Path | None, decode: Path | None, configs: dict[str, str]) -> 
 def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathLike | None,
                        out: str | os.PathLike, max_batch: int = 16, batching: bool = True, instances: int = 1,
                        threads: int = 1, queue_delay_us: int = 2000, merge_tokens: int = 8,
-                       max_new_tokens_limit: int = 256, validate: bool = True) -> tuple[Path, bool]:
+                       max_new_tokens_limit: int = 256, validate: bool = True,
+                       force: bool = False) -> tuple[Path, bool]:
     """Write (or reuse, when identical and intact) the serving repository; return (path, rebuilt)."""
     out = Path(out).resolve()
     prefill = Path(prefill) if prefill else None
@@ -359,6 +395,10 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
             continue
         if "msar.config" not in io.metadata:
             raise OnnxModelError(f"{path}: no msar.config metadata; export it with `msar-export export`")
+        try:
+            MSARConfig.from_json(io.metadata["msar.config"], "msar.config metadata")
+        except MsarError as e:
+            raise OnnxModelError(f"{path}: {first_line(e)}") from None
         got = io.metadata.get("msar.graph", "decode" if any(t.name == "attention_mask" for t in io.inputs) else "prefill")
         if got != want:
             raise OnnxModelError(f"{path}: a {got} graph where a {want} graph was expected")
@@ -380,12 +420,14 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
     sources = {"logits": (prefill or decode).resolve()}
     if decode_io is not None:
         sources["generate"] = decode.resolve()
+    check_repo_target(out, list(sources.values()), force)
     with atomic_dir(out) as tmp:
         for name, text in configs.items():
             (tmp / name / "1").mkdir(parents=True)
             (tmp / name / "config.pbtxt").write_text(text)
             shutil.copy2(TRITON_MODEL_PY, tmp / name / "1" / "model.py")
-            _link_or_copy(sources[name], tmp / name / "1" / "model.onnx")
+            copy_onnx_bundle(sources[name], tmp / name / "1" / "model.onnx")
+            check_runs(tmp / name / "1" / "model.onnx")
         (tmp / "README.md").write_text(_readme_serving(sources, batching, max_batch))
         if validate:
             validate_repository(tmp)
