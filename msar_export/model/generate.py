@@ -43,9 +43,8 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def check_sampling(do_sample: bool, temperature: float, top_k: int | None) -> None:
-    """Sampling settings that would divide by zero, make NaN probabilities or an empty top-k."""
-    if not do_sample:
-        return
+    """Sampling settings that would divide by zero, make NaN probabilities or an empty top-k
+    (refused with or without sampling: a setting that is ignored silently is a surprise)."""
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
         raise InputError(f"temperature must be a positive finite number, got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):

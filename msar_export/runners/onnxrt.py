@@ -38,6 +38,22 @@ class SessionFromOnnxCopy(BaseLoader):
             return SessionFromOnnx(path, providers=self.providers)()
 
 
+class SessionOrModelError(BaseLoader):
+    """A session loader whose failure is the graph's fault (ORT cannot load it): an
+    OnnxModelError (one line, exit 2), not a backend verdict or a traceback."""
+
+    def __init__(self, loader, path):
+        self.loader, self.path = loader, path
+
+    def call_impl(self):
+        from ..errors import OnnxModelError, first_line
+
+        try:
+            return self.loader()
+        except Exception as e:
+            raise OnnxModelError(f"{self.path}: ONNX Runtime cannot load this graph ({first_line(e)[:300]})") from None
+
+
 def onnxrt_runner(onnx_path: str | os.PathLike, outputs: list[str], providers=("cpu",), name: str = "onnxrt"):
     """OnnxrtRunner whose outputs are exactly `outputs` (e.g. logits and hidden.1..L+1)."""
     from polygraphy.backend.onnx import BytesFromOnnx, ModifyOutputs, OnnxFromPath
@@ -48,4 +64,4 @@ def onnxrt_runner(onnx_path: str | os.PathLike, outputs: list[str], providers=("
         session = SessionFromOnnxCopy(model, providers=list(providers))
     else:
         session = SessionFromOnnx(BytesFromOnnx(model), providers=list(providers))
-    return OnnxrtRunner(session, name=name)
+    return OnnxrtRunner(SessionOrModelError(session, onnx_path), name=name)

@@ -40,16 +40,19 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copyfile(src, dst)
 
 
-def copy_onnx_bundle(model: Path, dst: Path) -> list[str]:
-    """MODEL.onnx and each external-data file it names -> `dst` (the model file) and the
-    same relative locations beside it.  Returns the locations copied."""
+def onnx_bundle(model: Path) -> dict[str, Path]:
+    """{location: real path} of the external-data files MODEL.onnx needs, each checked to stay
+    inside the model's folder (onnx_file.external_data_files); called before anything is written."""
     from ..onnx_file import external_data_files, inspect_onnx
 
-    files = external_data_files(inspect_onnx(model), model)
+    return external_data_files(inspect_onnx(model), model)
+
+
+def copy_onnx_bundle(model: Path, files: dict[str, Path], dst: Path) -> None:
+    """MODEL.onnx -> `dst`, and each checked data file to the same relative location beside it."""
     _copy(model, dst)
     for loc, real in files.items():
         _copy(real, dst.parent / loc)
-    return sorted(files)
 
 
 def check_runs(model: Path) -> None:
@@ -247,6 +250,7 @@ def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str
         if plugins:
             raise InputError("--plugins is for TensorRT engines; an ONNX model runs on stock ONNX Runtime")
         backend, io = "onnxruntime", read_onnx_io(model)
+        bundle = onnx_bundle(model)
     elif model.suffix.lower() in TRT_EXTS:
         backend = "tensorrt"
         if model.stat().st_size == 0:
@@ -274,7 +278,7 @@ def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str
         (mdir / "1").mkdir(parents=True)
         (mdir / "config.pbtxt").write_text(text)
         if backend == "onnxruntime":
-            copy_onnx_bundle(model, mdir / "1" / "model.onnx")
+            copy_onnx_bundle(model, bundle, mdir / "1" / "model.onnx")
             check_runs(mdir / "1" / "model.onnx")
         else:
             _copy(model, mdir / "1" / "model.plan")
@@ -421,12 +425,13 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
     if decode_io is not None:
         sources["generate"] = decode.resolve()
     check_repo_target(out, list(sources.values()), force)
+    bundles = {name: onnx_bundle(src) for name, src in sources.items()}
     with atomic_dir(out) as tmp:
         for name, text in configs.items():
             (tmp / name / "1").mkdir(parents=True)
             (tmp / name / "config.pbtxt").write_text(text)
             shutil.copy2(TRITON_MODEL_PY, tmp / name / "1" / "model.py")
-            copy_onnx_bundle(sources[name], tmp / name / "1" / "model.onnx")
+            copy_onnx_bundle(sources[name], bundles[name], tmp / name / "1" / "model.onnx")
             check_runs(tmp / name / "1" / "model.onnx")
         (tmp / "README.md").write_text(_readme_serving(sources, batching, max_batch))
         if validate:

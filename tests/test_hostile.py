@@ -1,0 +1,349 @@
+"""Hostile files and careless paths: nothing is read or written outside what the user
+named, outputs that are not ours are never replaced, and every hostile input costs
+little and ends in one line with exit code 2.
+
+Crafted bundles use a tiny ONNX graph (Y = X + W, W stored as external data) so
+each case isolates one path rule; the end-to-end cases use a real msar export."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import set_external_data
+
+from conftest import make_checkpoint
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "msar_export.cli"]
+W = np.arange(4, dtype=np.float32) + 0.5
+
+
+def run_cli(*args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(os.fsdecode, args)], cwd=REPO, capture_output=True, timeout=timeout, **kw)
+
+
+def one_line_exit_2(r: subprocess.CompletedProcess) -> str:
+    out, err = r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+    assert r.returncode == 2, (r.returncode, err[-2000:])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0], err
+    assert "Traceback" not in out + err
+    return lines[0]
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Every path under root with its content (or link target): to prove nothing changed."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = "-> " + os.readlink(p)
+        elif p.is_file():
+            out[rel] = p.read_bytes()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+def tiny_model(folder: Path, location: str, payload: Path | None = None, name: str = "m.onnx") -> Path:
+    """`folder/name` computing Y = X + W with W's 16 bytes at `location` (as written in the file);
+    the payload file is written at `payload` (default: folder/location) unless it exists."""
+    folder.mkdir(parents=True, exist_ok=True)
+    w = numpy_helper.from_array(W, "W")
+    set_external_data(w, location=location, offset=0, length=W.nbytes)
+    w.data_location = TensorProto.EXTERNAL
+    w.ClearField("raw_data")
+    graph = helper.make_graph([helper.make_node("Add", ["X", "W"], ["Y"])], "tiny",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    path = folder / name
+    path.write_bytes(model.SerializeToString())
+    payload = payload if payload is not None else folder / location
+    if not os.path.lexists(payload) and not os.path.isabs(location):
+        payload.parent.mkdir(parents=True, exist_ok=True)
+        payload.write_bytes(W.tobytes())
+    return path
+
+
+def run_tiny(path: Path) -> np.ndarray:
+    import onnxruntime as ort
+
+    x = np.ones((2, 4), np.float32)
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0] - x
+
+
+# -- 1, 2: triton-repo never reads or writes outside the model's folder and the repository ---------
+
+def test_traversal_location_overwrites_nothing_outside(tmp_path):
+    """The reported attack: a model five folders deep whose data `location` climbs back out,
+    with a payload next to it; before the fix `victim.txt` was overwritten and exit was 0."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("victim")
+    loc = "../../../../../victim.txt"
+    # read from p/victim.txt (the payload, beside the model's folders); the copy's target,
+    # repo-tmp/tiny/1/<loc>, is tmp_path/victim.txt
+    model = tiny_model(tmp_path / "p" / "a" / "b" / "c" / "d" / "e", loc)
+    assert (tmp_path / "p" / "victim.txt").read_bytes() == W.tobytes()
+    before = tree(tmp_path)
+    repo = tmp_path / "a" / "b" / "repo"
+    line = one_line_exit_2(run_cli("triton-repo", model, "-o", repo, "--name", "tiny", "--no-validate"))
+    assert "climbs out" in line
+    assert tree(tmp_path) == before and victim.read_text() == "victim"
+
+
+@pytest.mark.parametrize("case", ["dotdot", "symlink_out", "symlinked_dir_out", "absolute", "hardlink", "missing"])
+def test_external_data_outside_the_model_folder_is_refused(tmp_path, case):
+    secret = tmp_path / "secret" / "canary.txt"
+    secret.parent.mkdir()
+    secret.write_bytes(W.tobytes())  # right size: only the path rule can refuse it
+    folder = tmp_path / "model"
+    if case == "dotdot":
+        model, want = tiny_model(folder, "../secret/canary.txt"), "climbs out"
+    elif case == "symlink_out":
+        folder.mkdir()
+        (folder / "w.data").symlink_to(secret)
+        model, want = tiny_model(folder, "w.data"), "leads outside"
+    elif case == "symlinked_dir_out":
+        folder.mkdir()
+        (folder / "sub").symlink_to(secret.parent, target_is_directory=True)
+        model, want = tiny_model(folder, "sub/canary.txt"), "leads outside"
+    elif case == "absolute":
+        model, want = tiny_model(folder, str(secret)), "absolute path"
+    elif case == "hardlink":
+        folder.mkdir()
+        os.link(secret, folder / "w.data")
+        model, want = tiny_model(folder, "w.data"), "hard links"
+    else:
+        folder.mkdir()
+        model, want = tiny_model(folder, "w.data", payload=tmp_path / "elsewhere.bin"), "is missing"
+    before = tree(tmp_path)
+    line = one_line_exit_2(run_cli("triton-repo", model, "-o", tmp_path / "repo", "--no-validate"))
+    assert want in line, line
+    assert tree(tmp_path) == before  # no repository, no copy of the canary, nothing linked
+
+
+def test_repository_carries_a_copy_of_the_data_and_the_original_stays_usable(tmp_path):
+    model = tiny_model(tmp_path / "model", "weights/w.data")
+    r = run_cli("triton-repo", model, "-o", tmp_path / "repo", "--name", "tiny", "--no-validate")
+    assert r.returncode == 0, r.stderr.decode()
+    copied = tmp_path / "repo" / "tiny" / "1" / "weights" / "w.data"
+    original = tmp_path / "model" / "weights" / "w.data"
+    assert copied.is_file() and not copied.is_symlink()
+    assert os.stat(original).st_nlink == 1 and not os.path.samefile(copied, original)  # copied, never linked
+    manifest = json.loads((tmp_path / "repo" / "manifest.json").read_text())
+    assert "tiny/1/weights/w.data" in manifest["files"]
+    np.testing.assert_array_equal(run_tiny(tmp_path / "repo" / "tiny" / "1" / "model.onnx"), np.tile(W, (2, 1)))
+    # the original still loads in the onnx library (which refuses hard-linked data) and in ORT
+    onnx.load(str(model), load_external_data=True)
+    np.testing.assert_array_equal(run_tiny(model), np.tile(W, (2, 1)))
+
+
+def test_manifest_entries_cannot_point_outside_the_repository(tmp_path):
+    from msar_export.serving.repo import verify_repo
+
+    (tmp_path / "outside.txt").write_text("x")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "manifest.json").write_text(json.dumps({"files": {"../outside.txt": "0" * 64}}))
+    problems = verify_repo(repo)
+    assert len(problems) == 1 and "climbs out" in problems[0]
+
+
+def test_triton_repo_refuses_a_graph_that_cannot_run(tmp_path):
+    model = tiny_model(tmp_path / "model", "w.data")
+    proto = onnx.load(str(model), load_external_data=False)
+    proto.graph.node[0].op_type = "NoSuchOp"
+    model.write_bytes(proto.SerializeToString())
+    line = one_line_exit_2(run_cli("triton-repo", model, "-o", tmp_path / "repo", "--no-validate"))
+    assert "ONNX Runtime cannot load" in line and not (tmp_path / "repo").exists()
+
+
+# -- 4: output paths ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("hostile") / "ckpt", seed=1, query_scale=0.5, n_blocks=1)[0]
+
+
+def _device_or_fifo(path: Path) -> str:
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a fake /dev/null, in a temp folder
+        return "char device"
+    except PermissionError:  # not root: a FIFO exercises the same rule
+        os.mkfifo(path)
+        return "fifo"
+
+
+def test_export_never_replaces_a_device_fifo_or_directory(ckpt, tmp_path):
+    dev, fifo, folder = tmp_path / "null", tmp_path / "fifo", tmp_path / "dir.onnx"
+    kind = _device_or_fifo(dev)
+    os.mkfifo(fifo)
+    folder.mkdir()
+    for target in (dev, fifo):
+        line = one_line_exit_2(run_cli("export", ckpt, "-o", target, "--no-validate", timeout=120))
+        assert "not a regular file" in line
+    assert (stat.S_ISCHR if kind == "char device" else stat.S_ISFIFO)(os.lstat(dev).st_mode)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert "is a directory" in one_line_exit_2(run_cli("export", ckpt, "-o", folder, "--no-validate"))
+    assert "cannot write" in one_line_exit_2(run_cli("export", ckpt, "-o", "/proc/msar-test.onnx", "--no-validate"))
+    parent_file = tmp_path / "plain"
+    parent_file.write_text("x")
+    line = one_line_exit_2(run_cli("export", ckpt, "-o", parent_file / "m.onnx", "--no-validate"))
+    assert "not a directory" in line.lower()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.onnx", "fifo", "null", "plain"]
+    assert list(folder.iterdir()) == []
+
+
+def test_export_leaves_no_parts_or_temp_litter(ckpt, tmp_path, monkeypatch):
+    from msar_export.export import ExportOptions, export_checkpoint
+    import msar_export.export.exporter as exporter
+
+    export_checkpoint(ckpt, tmp_path / "a.onnx", ExportOptions(), validate=False)
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_ABOVE", 1024)
+    export_checkpoint(ckpt, tmp_path / "b.onnx", ExportOptions(), validate=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.onnx", "b.onnx", "b.onnx.data"]
+
+
+def test_triton_repo_output_must_be_new_or_ours(tmp_path):
+    model = tiny_model(tmp_path / "model", "w.data")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("precious")
+    line = one_line_exit_2(run_cli("triton-repo", model, "-o", other, "--no-validate"))
+    assert "not a repository msar-export wrote" in line and (other / "keep.txt").read_text() == "precious"
+    for target in (tmp_path / "model", tmp_path, model):  # the model's folder, a folder above it, the model file
+        before = tree(tmp_path)
+        for force in ([], ["--force"]):
+            one_line_exit_2(run_cli("triton-repo", model, "-o", target, "--no-validate", *force))
+            assert tree(tmp_path) == before
+    # ours: replaced in place; with --force a foreign folder is replaced too
+    ours = tmp_path / "repo"
+    for _ in range(2):
+        assert run_cli("triton-repo", model, "-o", ours, "--no-validate").returncode == 0
+    assert run_cli("triton-repo", model, "-o", other, "--no-validate", "--force").returncode == 0
+    assert not (other / "keep.txt").exists() and (other / "manifest.json").is_file()
+
+
+# -- 5: bounded cost ------------------------------------------------------------------------------
+
+def test_config_claiming_huge_sizes_is_refused_before_any_table(ckpt, tmp_path):
+    import shutil
+
+    from msar_export.checkpoint import load_checkpoint
+    from msar_export.errors import MsarError
+
+    for key, value in (("n_blocks", 10**8), ("n_blocks", 4000), ("vocab_size", 10**9), ("max_seq_len", 10**12)):
+        bad = tmp_path / f"{key}-{value}"
+        shutil.copytree(ckpt, bad)
+        cfg = json.loads((bad / "config.json").read_text())
+        (bad / "config.json").write_text(json.dumps({**cfg, key: value}))
+        with pytest.raises(MsarError) as info:
+            load_checkpoint(bad)  # before the fix: a 10**8-block table, 4 GB after a minute
+        assert key in str(info.value) or "tensor" in str(info.value)
+
+
+def test_oversized_and_special_config_files_are_refused_unread(ckpt, tmp_path):
+    import shutil
+
+    big, fifo = tmp_path / "big", tmp_path / "fifo"
+    shutil.copytree(ckpt, big)
+    with open(big / "config.json", "r+") as f:
+        f.seek(0, os.SEEK_END)
+        f.write(" " * (3 << 20))  # valid JSON padded to 3 MB
+    assert "over the" in one_line_exit_2(run_cli("export", big, "-o", tmp_path / "x.onnx"))
+    shutil.copytree(ckpt, fifo)
+    (fifo / "config.json").unlink()
+    os.mkfifo(fifo / "config.json")  # stands in for /proc/kmsg: a read that never ends
+    assert "not a regular file" in one_line_exit_2(run_cli("export", fifo, "-o", tmp_path / "y.onnx", timeout=60))
+    assert not (tmp_path / "x.onnx").exists() and not (tmp_path / "y.onnx").exists()
+
+
+# -- 7, 8: user errors are one line and exit 2 -------------------------------------------------
+
+def _with_config_text(ckpt: Path, dst: Path, text: str) -> Path:
+    import shutil
+
+    shutil.copytree(ckpt, dst)
+    (dst / "config.json").write_text(text)
+    return dst
+
+
+def test_hostile_json_in_config(ckpt, tmp_path):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    body = json.dumps(cfg)[1:-1]
+    cases = {
+        "deep": ('{"x": ' + "[" * 5000 + "]" * 5000 + ", " + body + "}", "nested too deeply|not valid JSON"),
+        "digits": ('{"vocab_size": ' + "9" * 5000 + ", " + body.replace('"vocab_size"', '"v_"') + "}",
+                   "not valid JSON"),
+        "duplicate": ("{" + body + ', "d_model": 8}', "duplicate key 'd_model'"),
+        "version_true": (json.dumps({**cfg, "format_version": True}), "format_version true|format_version True"),
+        "version_float": (json.dumps({**cfg, "format_version": 1.0}), "format_version 1.0"),
+        "nan": (json.dumps({**cfg, "norm_eps": float("nan")}), "NaN is not JSON"),
+    }
+    import re
+
+    for name, (text, want) in cases.items():
+        line = one_line_exit_2(run_cli("export", _with_config_text(ckpt, tmp_path / name, text), "-o",
+                                       tmp_path / f"{name}.onnx"))
+        assert re.search(want, line), (name, line)
+
+
+def test_hostile_msar_config_metadata(tmp_path):
+    """The same JSON rules for the `msar.config` an ONNX file carries (read by generate --onnx, serve, check)."""
+    from msar_export.errors import MsarError
+    from msar_export.runtime import OrtModel
+
+    model = tiny_model(tmp_path, "w.data")
+    for text in ("[" * 5000 + "]" * 5000, '{"vocab_size": ' + "1" * 5000 + "}", '{"a": 1, "a": 2}'):
+        proto = onnx.load(str(model), load_external_data=False)
+        onnx.helper.set_model_props(proto, {"msar.config": text})
+        model.write_bytes(proto.SerializeToString())
+        with pytest.raises(MsarError):
+            OrtModel(model, threads=1)
+    assert "Traceback" not in run_cli("generate", "--onnx", model).stderr.decode()
+
+
+def test_bad_generation_settings(tmp_path):
+    ckpt = REPO / "checkpoints" / "default" / "msar"
+    cases = [(["--max-new-tokens", "-1"], "max_new_tokens"), (["--sample", "--top-k", "0"], "top_k"),
+             (["--sample", "--top-k", "-1"], "top_k"), (["--sample", "--temperature", "nan"], "temperature"),
+             (["--temperature", "0"], "temperature"), (["--prompt", b"\xff\xfe"], "UTF-8")]
+    for args, want in cases:
+        assert want in one_line_exit_2(run_cli("generate", ckpt, "--max-new-tokens", "2", *args)), args
+
+
+def test_check_shapes_bounded_and_non_empty(tmp_path):
+    from msar_export.compare.inputs import check_shapes
+    from msar_export.config import MSARConfig
+    from msar_export.errors import InputError
+
+    ckpt = REPO / "checkpoints" / "default" / "msar"
+    line = one_line_exit_2(run_cli("check", ckpt, "--onnx", tmp_path / "any.onnx", "--shapes", ""))
+    assert "--shapes is empty" in line
+    cfg = MSARConfig(max_seq_len=1 << 20, vocab_size=256)
+    assert check_shapes([(2, 64)], cfg) == [(2, 64)]
+    for shape in ((1000000, 32), (300, 16), (8, 1 << 20)):  # 2 GB+ of logits before the fix
+        with pytest.raises(InputError, match="too large"):
+            check_shapes([shape], cfg)
+
+
+def test_loadtest_loopback_is_an_exact_match():
+    from msar_export.errors import InputError
+    from msar_export.serving.loadtest import check_loopback
+
+    for ok in ("http://127.0.0.1:8000", "grpc://127.0.0.2:8001", "http://localhost:8000", "http://[::1]:8000"):
+        check_loopback(ok)
+    for bad in ("http://localhost.example.com:8000", "http://127.0.0.1.example.com:8000", "http://10.0.0.1:8000",
+                "grpc://[::2]:8001"):
+        with pytest.raises(InputError):
+            check_loopback(bad)
