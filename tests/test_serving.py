@@ -347,3 +347,101 @@ def test_crash_and_restart_lose_no_committed_files(triton, graphs, refs, tmp_pat
     _, rebuilt = build_serving_repo(graphs["prefill"], graphs["decode"], tmp_path / "repo", max_batch=2)
     assert rebuilt and verify_repo(repo) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo", "repo.tritonserver.log"]
+
+
+# -- hostile requests: the validating front in front of tritonserver ---------------------------
+
+def raw_post(url: str, path: str, body: bytes, headers: dict, timeout: float = 30) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + path, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def binary_request(shape, nbytes: int) -> tuple[bytes, dict]:
+    head = json.dumps({"inputs": [{"name": "input_ids", "shape": shape, "datatype": "INT64",
+                                   "parameters": {"binary_data_size": nbytes}}]}).encode()
+    return head + b"\0" * nbytes, {"Inference-Header-Content-Length": str(len(head)),
+                                   "Content-Type": "application/octet-stream"}
+
+
+GRPC_BOMB = """
+import sys, grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(sys.argv[1]))
+req = service_pb2.ModelInferRequest(model_name="logits")
+t = req.inputs.add(); t.name = "input_ids"; t.datatype = "INT64"; t.shape.extend([1, 2**61])
+req.raw_input_contents.append(b"")
+try:
+    stub.ModelInfer(req, timeout=30); print("ANSWERED")
+except grpc.RpcError as e:
+    print(e.code().name, e.details())
+"""
+
+
+def grpc_bomb(triton, address: str) -> str:
+    r = subprocess.run([str(triton.python), "-c", GRPC_BOMB, address], capture_output=True, text=True, timeout=60)
+    return r.stdout.strip() + r.stderr.strip()[-500:]
+
+
+def test_overflow_requests_never_reach_triton_and_serving_goes_on(served, triton, graphs, refs):
+    """The two requests that took serving down (HTTP JSON shape [1, 10**12] with 4 values: a
+    tritonserver abort; shape [1, 2**61] with no bytes: a dead stub behind a ready health
+    check), a 2**32+5 that Triton narrowed to 5, and framing lies; each refused, then a good
+    request is answered right and the server is still ready."""
+    from msar_export.serving.server import http_get
+
+    url, good = served["http"], ids_of(graphs["cfg"], 12, 7)
+    cases = [
+        ("logits", [{"name": "input_ids", "shape": [1, 10**12], "datatype": "INT64", "data": [1, 2, 3, 4]}],
+         "more than"),
+        ("logits", [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3, 4]}], "data values"),
+        ("logits", [{"name": "input_ids", "shape": [1, -4], "datatype": "INT64", "data": []}], "non-negative"),
+        ("generate", [json_tensor("input_ids", good, "INT64"),
+                      {"name": "max_new_tokens", "shape": [1, 1], "datatype": "INT32", "data": [2**32 + 5]}],
+         "is not a INT32 value"),
+    ]
+    for model, inputs, expect in cases:
+        code, body = infer_json(url, model, inputs)
+        assert code == 400 and expect in body.get("error", ""), (expect, code, body)
+    for shape, nbytes, expect in (([1, 2**61], 0, "more than"), ([1, 4], 8, "binary_data_size")):
+        body, headers = binary_request(shape, nbytes)
+        code, text = raw_post(url, "/v2/models/logits/infer", body, headers)
+        assert code == 400 and expect in text, (code, text)
+    code, text = raw_post(url, "/v2/models/logits/infer", b"x" * 16, {"Content-Length": str(1 << 40)})
+    assert code == 413, (code, text)
+    answer = grpc_bomb(triton, served["grpc"].removeprefix("grpc://"))
+    assert answer.startswith("INVALID_ARGUMENT") and "more than" in answer, answer
+    code, body = infer_json(url, "logits", logits_request(good))
+    assert code == 200 and rel_err(output(body), refs[0].logits(good)) <= 1e-4, body
+    assert http_get(f"{url}/v2/health/ready")[0] == 200 and served["proc"].poll() is None
+
+
+def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
+    """Behind the front the stub cannot be killed by a request; here it is, through Triton's
+    private port (the bug reproduced): the next request through the front sees the dead stub,
+    and the server stops with a line that says so instead of staying 'ready'."""
+    from msar_export.serving.server import TritonServer, free_port
+
+    repo, _ = build_serving_repo(graphs["prefill"], None, tmp_path / "repo", max_batch=2)
+    server = TritonServer(repo, free_port(), free_port()).start()
+    try:
+        answer = grpc_bomb(triton, f"127.0.0.1:{server.inner_grpc}")
+        assert not answer.startswith("INVALID_ARGUMENT") or "more than" not in answer  # Triton itself took it
+        ids = ids_of(graphs["cfg"], 5, 1)
+        deadline = time.monotonic() + 60
+        while server.front.poll() is None and time.monotonic() < deadline:
+            try:
+                infer_json(server.http_url, "logits", logits_request(ids), timeout=10)
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert server.front.poll() == 3, "the front must exit when the stub is dead"
+        assert server.wait() == 3 and "stub died" in server.exit_reason()
+    finally:
+        server.stop()

@@ -215,7 +215,13 @@ def cmd_serve(a) -> int:
                                        batching=not a.no_batching, instances=a.instances, threads=a.threads,
                                        queue_delay_us=a.queue_delay_us)
     _say(f"model repository {repo} ({'written' if rebuilt else 'unchanged, reused'}; configs validated)")
-    server = TritonServer(repo, a.port_http, a.port_grpc, log_path=workdir / "tritonserver.log", verbose=a.verbose)
+    from ..config import MSARConfig
+    from .modelconfig import read_onnx_io
+
+    cfg = MSARConfig.from_json(read_onnx_io(prefill or decode).metadata["msar.config"], "msar.config metadata")
+    # The largest input a request may carry: input_ids of max_batch rows of max_seq_len tokens.
+    server = TritonServer(repo, a.port_http, a.port_grpc, log_path=workdir / "tritonserver.log", verbose=a.verbose,
+                          max_elements=a.max_batch * cfg.max_seq_len)
 
     def on_term(signum, frame):
         raise _Stop()
@@ -227,8 +233,8 @@ def cmd_serve(a) -> int:
         mode = "batch-1 (no dynamic batching)" if a.no_batching else f"dynamic batching, max batch {a.max_batch}"
         print(f"serving {models} on {server.http_url} (HTTP) and {server.grpc_url} (gRPC): {mode}; "
               f"log {server.log_path}; Ctrl-C stops", flush=True)
-        rc = server.wait()
-        _say(f"tritonserver exited with status {rc}: {server.log_summary()}")
+        server.wait()
+        _say(server.exit_reason())
         return 1
     except (KeyboardInterrupt, _Stop):
         rc = server.stop()

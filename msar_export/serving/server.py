@@ -2,7 +2,9 @@
 
 The binary and the Python backend come from the Triton venv (env.py); the
 process is started in its own session, so stopping it also ends the backend
-stub processes it started.
+stub processes it started.  Clients never talk to tritonserver directly: it
+listens on private loopback ports behind the validating front (front.py), which
+holds the public ports, so one malformed request cannot take the server down.
 """
 
 from __future__ import annotations
@@ -79,9 +81,12 @@ class TritonServer:
 
     def __init__(self, repo: str | os.PathLike, http_port: int = 8000, grpc_port: int = 8001,
                  log_path: str | os.PathLike | None = None, install: TritonInstall | None = None,
-                 exit_timeout_s: int = 10, verbose: bool = False):
+                 exit_timeout_s: int = 10, verbose: bool = False, max_elements: int = 1 << 22):
         self.repo = Path(repo).resolve()
         self.http_port, self.grpc_port = http_port, grpc_port
+        self.max_elements = max_elements
+        self.front: subprocess.Popen | None = None
+        self.inner_http = self.inner_grpc = 0
         self.log_path = Path(log_path) if log_path else self.repo.parent / f"{self.repo.name}.tritonserver.log"
         self.install = install
         self.exit_timeout_s = exit_timeout_s
@@ -105,8 +110,8 @@ class TritonServer:
             str(inst.binary),
             f"--model-repository={self.repo}",
             f"--backend-directory={inst.backend_dir()}",
-            f"--http-address={HOST}", f"--http-port={self.http_port}",
-            f"--grpc-address={HOST}", f"--grpc-port={self.grpc_port}",
+            f"--http-address={HOST}", f"--http-port={self.inner_http}",
+            f"--grpc-address={HOST}", f"--grpc-port={self.inner_grpc}",
             "--allow-metrics=false",
             "--disable-auto-complete-config",
             "--strict-readiness=true",
@@ -120,6 +125,7 @@ class TritonServer:
             if port_in_use(port):
                 raise ServerError(f"port {port} on {HOST} is already in use; pick another with --port-http/--port-grpc")
         self.install = self.install or find_triton()
+        self.inner_http, self.inner_grpc = free_port(), free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self._log.write(f"\n==== msar-export: starting tritonserver at {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
@@ -128,12 +134,21 @@ class TritonServer:
             self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.install.server_env(),
                                          start_new_session=True, preexec_fn=_die_with_parent)
+            self.front = subprocess.Popen(self.front_command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=self._front_env(), start_new_session=True,
+                                          preexec_fn=_die_with_parent)
         except OSError as e:
+            self._kill_group()
             raise BackendUnavailable(f"{self.install.binary} cannot start: {e}") from None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._kill_group()
                 raise ServerError(f"tritonserver exited with status {self.proc.returncode} while starting: "
+                                  f"{self.log_summary()} (log: {self.log_path})")
+            if self.front.poll() is not None:
+                self._kill_group()
+                raise ServerError(f"the request front exited with status {self.front.returncode} while starting: "
                                   f"{self.log_summary()} (log: {self.log_path})")
             if self.ready():
                 return self
@@ -141,12 +156,25 @@ class TritonServer:
         self.stop()
         raise ServerError(f"tritonserver was not ready after {timeout:.0f} s: {self.log_summary()} (log: {self.log_path})")
 
+    def front_command(self) -> list[str]:
+        return [str(self.install.python), "-m", "msar_export.serving.front", "--http", str(self.http_port),
+                "--grpc", str(self.grpc_port), "--upstream-http", str(self.inner_http),
+                "--upstream-grpc", str(self.inner_grpc), "--max-elements", str(self.max_elements)]
+
+    def _front_env(self) -> dict:
+        from .env import REPO_ROOT
+
+        env = dict(os.environ)
+        env.pop("PYTHONHOME", None)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO_ROOT), env.get("PYTHONPATH")) if x)
+        return env
+
     def ready(self) -> bool:
         try:
             code, _ = http_get(f"{self.http_url}/v2/health/ready", timeout=1.0)
         except (OSError, urllib.error.URLError):
             return False
-        return code == 200 and port_in_use(self.grpc_port)
+        return code == 200 and port_in_use(self.grpc_port) and port_in_use(self.inner_grpc)
 
     def log_summary(self, n: int = 3) -> str:
         """The server's last error lines (or last lines), on one line."""
@@ -161,7 +189,19 @@ class TritonServer:
         return " | ".join(x[:300] for x in picked) or "no output"
 
     def wait(self) -> int:
-        return self.proc.wait() if self.proc else 0
+        """Until tritonserver or the front exits (the front exits when a backend stub died)."""
+        if self.proc is None:
+            return 0
+        while True:
+            for p in (self.proc, self.front):
+                if p is not None and p.poll() is not None:
+                    return p.returncode
+            time.sleep(0.2)
+
+    def exit_reason(self) -> str:
+        if self.front is not None and self.front.poll() is not None:
+            return f"the request front exited with status {self.front.returncode}: {self.log_summary()}"
+        return f"tritonserver exited with status {self.proc.returncode}: {self.log_summary()}"
 
     def stop(self, timeout: float | None = None) -> int | None:
         """SIGTERM (Triton drains in-flight requests), then SIGKILL to its process group."""
@@ -192,10 +232,14 @@ class TritonServer:
             self._log = None
 
     def _kill_group(self) -> None:
-        # The group is the session this object started (pgid == the server's pid): the
-        # server and the backend stubs it spawned, nothing else.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        # Each group is a session this object started (pgid == the child's pid): the
+        # server and the backend stubs it spawned, and the front; nothing else.
+        for p in (self.proc, self.front):
+            if p is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(5)
         self._remove_shm()
 
     def _remove_shm(self) -> None:
