@@ -288,17 +288,19 @@ def test_loadtest_http_and_grpc_zero_mismatches(served, tmp_path):
     out = tmp_path / "load.json"
     r = run_cli("loadtest", "--url", served["http"], "--url", served["grpc"], "--clients", 4, "--seconds", 3,
                 "--max-requests", 5000, "--min-len", 1, "--max-len", 120, "--new-tokens", 6, "--pool", 24,
-                "--json", out)
+                "--hostile-every", 7, "--json", out)
     assert r.returncode == 0, r.stdout + r.stderr
     runs = json.loads(out.read_text())["runs"]
     assert [x["protocol"] for x in runs] == ["http", "grpc"]
     for x in runs:
         assert x["requests"] > 20 and x["errors"] == 0 and x["mismatches"] == 0, x
+        assert x["hostile"]["sent"] >= 3 and x["hostile"]["refused"] == x["hostile"]["sent"], x["hostile"]
+        assert x["server_ready_after"] is True
         assert x["ok"] == x["requests"] and set(x["latency_ms"]) >= {"p50", "p95", "p99"}
         assert x["per_model"]["logits"]["ok"] > 0 and x["per_model"]["generate"]["ok"] > 0
         assert x["server"]["generate"]["dynamic_batching"] is True
         assert x["machine"]["cpu_cores"] and x["date"]
-    assert "req/s" in r.stdout and "p99" in r.stdout
+    assert "req/s" in r.stdout and "p99" in r.stdout and "malformed requests:" in r.stdout
 
 
 def test_loadtest_rejects_non_loopback_targets(triton):

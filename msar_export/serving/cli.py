@@ -86,6 +86,9 @@ def register(subparsers) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--rtol", type=float, default=1e-4, help="logits: max|served - ref| / max|ref|")
     t.add_argument("--no-verify", action="store_true", help="do not compare with ONNX Runtime")
+    t.add_argument("--hostile-every", type=int, default=0, metavar="N",
+                   help="make every Nth request a malformed one (overflowing shapes, lying sizes, out-of-range "
+                        "integers) that must be refused; 0: none")
     t.add_argument("--onnx", help="reference prefill graph (default: the file the server loaded)")
     t.add_argument("--decode-onnx", help="reference decode graph (default: the file the server loaded)")
     t.add_argument("--json", metavar="OUT.json", help="write the report here (atomically)")
@@ -260,7 +263,7 @@ def _loadtest_argv(a, compare_sources: list[str] | None) -> list[str]:
              "--queue-delay-us", str(a.queue_delay_us), "--clients", str(a.clients), "--seconds", str(a.seconds),
              "--max-requests", str(a.max_requests), "--models", a.models, "--min-len", str(a.min_len),
              "--max-len", str(a.max_len), "--new-tokens", str(a.new_tokens), "--pool", str(a.pool),
-             "--seed", str(a.seed), "--rtol", repr(a.rtol)]
+             "--seed", str(a.seed), "--rtol", repr(a.rtol), "--hostile-every", str(a.hostile_every)]
     for flag, val in (("--no-batching", a.no_batching), ("--no-verify", a.no_verify)):
         if val:
             argv.append(flag)
@@ -272,14 +275,14 @@ def _loadtest_argv(a, compare_sources: list[str] | None) -> list[str]:
 
 def cmd_loadtest(a) -> int:
     from .env import have_tritonclient, run_in_triton_env
-    from .loadtest import CompareSettings, LoadSettings, compare_batching, format_report, run_load
+    from .loadtest import CompareSettings, LoadSettings, compare_batching, format_report, run_failed, run_load
 
     if bool(a.url) == bool(a.compare_batching):
         raise InputError("give --url URL (a running server) or --compare-batching CKPT|MODEL.onnx, not both")
     settings = LoadSettings(clients=a.clients, seconds=a.seconds, max_requests=a.max_requests,
                             models=tuple(m.strip() for m in a.models.split(",") if m.strip()), min_len=a.min_len,
                             max_len=a.max_len, new_tokens=a.new_tokens, pool=a.pool, seed=a.seed, rtol=a.rtol,
-                            verify=not a.no_verify)
+                            verify=not a.no_verify, hostile_every=a.hostile_every)
     settings.check()
     from .loadtest import check_loopback
 
@@ -305,7 +308,7 @@ def cmd_loadtest(a) -> int:
         print(f"dynamic batching vs batch-1 at {settings.clients} clients: throughput x{result['speedup_throughput']}")
         print(format_report(result["dynamic_batching"]))
         print(format_report(result["batch1"]))
-        failed = any(r["errors"] or r["mismatches"] for r in (result["dynamic_batching"], result["batch1"]))
+        failed = any(run_failed(r) for r in (result["dynamic_batching"], result["batch1"]))
     else:
         runs = []
         for url in a.url:
@@ -313,7 +316,7 @@ def cmd_loadtest(a) -> int:
             print(format_report(r), flush=True)
             runs.append(r)
         result = runs[0] if len(runs) == 1 else {"runs": runs}
-        failed = any(r["errors"] or r["mismatches"] for r in runs)
+        failed = any(run_failed(r) for r in runs)
     if a.json:
         from ..fileio import atomic_write_text
 

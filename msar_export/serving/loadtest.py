@@ -41,6 +41,7 @@ class LoadSettings:
     seed: int = 0
     rtol: float = 1e-4
     verify: bool = True
+    hostile_every: int = 0  # every Nth request is a malformed one (hostile.py) that must be refused
 
     def check(self) -> None:
         if self.clients < 1 or self.clients > 256:
@@ -51,6 +52,8 @@ class LoadSettings:
             raise InputError(f"--max-requests must be >= 1, got {self.max_requests}")
         if not 1 <= self.min_len <= self.max_len:
             raise InputError(f"need 1 <= --min-len <= --max-len, got {self.min_len}, {self.max_len}")
+        if self.hostile_every < 0:
+            raise InputError(f"--hostile-every must be >= 0, got {self.hostile_every}")
         if self.new_tokens < 1 or self.pool < 1:
             raise InputError("--new-tokens and --pool must be >= 1")
         bad = [m for m in self.models if m not in ("logits", "generate")]
@@ -227,6 +230,18 @@ def run_load(url: str, s: LoadSettings, prefill: str | None = None, decode: str 
     records: list[tuple[str, float, str | None]] = []   # (model, latency, problem kind or None)
     errors: dict[str, int] = {}
     mismatches: list[dict] = []
+    hostile = {"sent": 0, "refused": 0, "not_refused": []}
+
+    def send_hostile(k: int) -> None:
+        from . import hostile as h
+
+        scheme, address = parse_url(url)
+        refused, what = h.send_http(f"http://{address}", k) if scheme == "http" else h.send_grpc(address, k)
+        with lock:
+            hostile["sent"] += 1
+            hostile["refused"] += refused
+            if not refused and len(hostile["not_refused"]) < 5:
+                hostile["not_refused"].append(what)
 
     def next_index():
         with lock:
@@ -245,6 +260,9 @@ def run_load(url: str, s: LoadSettings, prefill: str | None = None, decode: str 
                 i = next_index()
                 if i is None:
                     break
+                if s.hostile_every and i % s.hostile_every == s.hostile_every - 1:
+                    send_hostile(i // s.hostile_every)
+                    continue
                 k = int(schedule[i % len(schedule)])
                 item = pool[k]
                 req = prepared.get(k)
@@ -297,6 +315,7 @@ def run_load(url: str, s: LoadSettings, prefill: str | None = None, decode: str 
     for th in threads:
         th.join(s.seconds + 180)
     elapsed = time.monotonic() - t_start
+    ready_after = main.ready()
     after = {m: _stat_counts(main, m) for m in s.models}
     main.close()
 
@@ -324,6 +343,8 @@ def run_load(url: str, s: LoadSettings, prefill: str | None = None, decode: str 
         "ok": len(ok_lat),
         "errors": n_err,
         "mismatches": len(mismatches),
+        "hostile": {**hostile, "every": s.hostile_every},
+        "server_ready_after": ready_after,
         "throughput_rps": round(len(ok_lat) / elapsed, 2) if elapsed > 0 else 0.0,
         "latency_ms": percentiles(ok_lat),
         "per_model": per_model,
@@ -331,6 +352,14 @@ def run_load(url: str, s: LoadSettings, prefill: str | None = None, decode: str 
         "mismatch_samples": mismatches[:5],
     }
     return report
+
+
+def run_failed(r: dict) -> bool:
+    """Errors or wrong answers on good requests, a malformed request not refused, or a server
+    that is no longer ready after the run."""
+    h = r.get("hostile") or {}
+    return bool(r["errors"] or r["mismatches"] or h.get("refused", 0) != h.get("sent", 0)
+                or not r.get("server_ready_after", True))
 
 
 def format_report(r: dict) -> str:
@@ -342,6 +371,12 @@ def format_report(r: dict) -> str:
         pl = pm["latency_ms"] or {}
         lines.append(f"  {m}: {pm['ok']}/{pm['requests']} ok, p50 {pl.get('p50')} ms, p99 {pl.get('p99')} ms, "
                      f"server batch size {pm['server_avg_batch']}")
+    h = r.get("hostile") or {}
+    if h.get("sent"):
+        lines.append(f"  malformed requests: {h['refused']}/{h['sent']} refused; server ready after the run: "
+                     f"{r['server_ready_after']}")
+    for what in h.get("not_refused", []):
+        lines.append(f"  NOT refused: {what}")
     for e in r["error_samples"]:
         lines.append(f"  error x{e['count']}: {e['message']}")
     for m in r["mismatch_samples"]:
