@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Coverage-guided fuzzing (atheris) of the untrusted-input loaders: config.json
-text and model.safetensors bytes.  The only acceptable outcomes are a loaded
-model or an `MsarError` (one-line user error); any other exception is a bug.
+text, model.safetensors bytes, the `msar.config` metadata of an ONNX file, and an
+ONNX file's external-data table (location, offset, length).  The only acceptable
+outcomes are a loaded model or an `MsarError` (one-line user error); any other
+exception is a bug, and so is an accepted external-data path outside the model's
+folder.
 
     .venv/bin/pip install atheris
     .venv/bin/python scripts/fuzz_loaders.py -max_total_time=60
@@ -19,15 +22,66 @@ with atheris.instrument_imports():
     from msar_export.checkpoint import load_checkpoint
     from msar_export.config import MSARConfig
     from msar_export.errors import MsarError
+    from msar_export.onnx_file import inspect_onnx
+    from msar_export.untrusted import contained
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 GOOD_CONFIG = MSARConfig(vocab_size=11, d_model=8, n_blocks=1, n_heads=2, n_kv_heads=1, mlp_hidden=8,
                          max_seq_len=16, stream_kernels=(1, 2)).to_json()
 WORK = Path(tempfile.mkdtemp(prefix="msar-fuzz-"))
+(WORK / "model").mkdir()
+(WORK / "model" / "w.data").write_bytes(b"\0" * 64)  # a real data file for the fuzzer to find
+(WORK / "outside.data").write_bytes(b"\0" * 64)      # and one outside the model's folder, never to be accepted
+
+
+def onnx_with(metadata: str, entries: list[tuple[str, str]]) -> Path:
+    """A one-node ONNX file whose W has `entries` as its external-data table."""
+    w = numpy_helper.from_array(np.zeros(4, np.float32), "W")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    for k, v in entries:
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    graph = helper.make_graph([helper.make_node("Add", ["X", "W"], ["Y"])], "g",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4])], [w])
+    model = helper.make_model(graph)
+    helper.set_model_props(model, {"msar.config": metadata})
+    path = WORK / "model" / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def onnx_input(fdp) -> None:
+    meta = fdp.ConsumeUnicodeNoSurrogates(512)
+    entries = [(fdp.PickValueInList(["location", "offset", "length", "checksum"]), fdp.ConsumeUnicodeNoSurrogates(64))
+               for _ in range(fdp.ConsumeIntInRange(0, 4))]
+    path = onnx_with(meta, entries)
+    for text, what in ((meta, "msar.config metadata"),):
+        try:
+            MSARConfig.from_json(text, what)
+        except MsarError as e:
+            if "\n" in str(e):
+                raise AssertionError(f"multi-line user error: {e!r}") from None
+    try:
+        inspect_onnx(path)
+    except MsarError as e:
+        if "\n" in str(e):
+            raise AssertionError(f"multi-line user error: {e!r}") from None
+        return
+    for k, v in entries:  # accepted: every location must be inside the model's folder
+        if k == "location":
+            contained(path.parent, v, "fuzz")
 
 
 def one_input(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
-    which = fdp.ConsumeIntInRange(0, 1)
+    which = fdp.ConsumeIntInRange(0, 2)
+    if which == 2:
+        return onnx_input(fdp)
     ckpt = WORK / "ckpt"
     ckpt.mkdir(exist_ok=True)
     if which == 0:  # arbitrary config text, valid-looking weights file absent or garbage

@@ -347,3 +347,70 @@ def test_loadtest_loopback_is_an_exact_match():
                 "grpc://[::2]:8001"):
         with pytest.raises(InputError):
             check_loopback(bad)
+
+
+# -- 6: external data end to end ---------------------------------------------------------------
+
+def test_serving_repository_carries_external_data_and_the_original_stays_checkable(ckpt, tmp_path, monkeypatch):
+    """`serve MODEL.onnx` used to copy model.onnx alone; triton-repo hard-linked the data, after
+    which the onnx library refused the original ('potential hardlink attack')."""
+    import msar_export.export.exporter as exporter
+    from msar_export.compare.preflight import inspect_onnx as preflight
+    from msar_export.config import MSARConfig
+    from msar_export.export import ExportOptions, export_checkpoint
+    from msar_export.runtime import OrtModel
+    from msar_export.serving.repo import build_serving_repo, build_stock_repo, verify_repo
+
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_ABOVE", 1024)
+    src = tmp_path / "src" / "prefill.onnx"
+    export_checkpoint(ckpt, src, ExportOptions(), validate=False)
+    data = src.parent / "prefill.onnx.data"
+    assert data.is_file()
+    repo, _ = build_serving_repo(src, None, tmp_path / "serve-repo", validate=False)
+    build_stock_repo(src, tmp_path / "stock-repo", name="m", validate=False)
+    ids = np.arange(12, dtype=np.int64).reshape(1, 12) % 61
+    want = OrtModel(src, threads=1).logits(ids)
+    for served in (repo / "logits" / "1" / "model.onnx", tmp_path / "stock-repo" / "m" / "1" / "model.onnx"):
+        copy = served.parent / "prefill.onnx.data"
+        assert copy.is_file() and not os.path.samefile(copy, data)
+        np.testing.assert_array_equal(OrtModel(served, threads=1).logits(ids), want)
+    assert verify_repo(repo) == [] and os.stat(data).st_nlink == 1
+    onnx.load(str(src), load_external_data=True)  # refused before the fix
+    cfg = MSARConfig.from_json((ckpt / "config.json").read_text())
+    assert preflight(src, cfg).path == src
+
+
+def test_disk_full_while_writing_is_one_line_and_leaves_nothing(ckpt, tmp_path, monkeypatch):
+    import errno
+
+    from msar_export.errors import OutputError
+    from msar_export.export import ExportOptions, export_checkpoint
+
+    real = Path.write_bytes
+
+    def full(self, data):
+        if self.name.endswith(".onnx"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(OutputError, match="No space left on device"):
+        export_checkpoint(ckpt, tmp_path / "m.onnx", ExportOptions(), validate=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_on_a_graph_ort_cannot_load_is_exit_2(ckpt, tmp_path):
+    from msar_export.export import ExportOptions, export_checkpoint
+
+    good = tmp_path / "good.onnx"
+    export_checkpoint(ckpt, good, ExportOptions(decomposed=True), validate=False)
+    proto = onnx.load(str(good))
+    node = next(n for n in proto.graph.node if n.op_type == "MatMul")
+    node.op_type = "NoSuchOp"  # metadata, names and weights still pass the preflight
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(proto.SerializeToString())
+    r = run_cli("check", ckpt, "--onnx", bad, "--no-trt")
+    err = r.stderr.decode()
+    errors = [ln for ln in err.splitlines() if ": error: " in ln]  # the others are progress lines
+    assert r.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert len(errors) == 1 and "ONNX Runtime cannot load" in errors[0] and err.strip().endswith(errors[0])
