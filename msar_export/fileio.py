@@ -26,6 +26,15 @@ def _plain_mode(bits: int) -> int:
     return bits & ~umask
 
 
+def _check_parent(target: Path) -> None:
+    """The nearest existing ancestor must be a directory (else mkdir fails in a confusing way)."""
+    for parent in target.absolute().parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise OutputError(f"{target}: {parent} is not a directory")
+            return
+
+
 def check_output_file(target: str | os.PathLike) -> Path:
     """Refuse, before any work, an output file path that is not absent or a regular file."""
     target = Path(target)
@@ -41,11 +50,7 @@ def check_output_file(target: str | os.PathLike) -> Path:
         if not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{target}: exists and is not a regular file (a device, FIFO or socket); "
                               "refusing to replace it")
-    for parent in target.absolute().parents:
-        if os.path.lexists(parent):
-            if not parent.is_dir():
-                raise OutputError(f"{target}: {parent} is not a directory")
-            break
+    _check_parent(target)
     return target
 
 
@@ -121,11 +126,7 @@ def check_output_dir(target: str | os.PathLike) -> Path:
         raise OutputError(f"{target}: is a symbolic link; give the real directory")
     if os.path.lexists(target) and not target.is_dir():
         raise OutputError(f"{target}: exists and is not a directory; refusing to replace it")
-    for parent in target.absolute().parents:
-        if os.path.lexists(parent):
-            if not parent.is_dir():
-                raise OutputError(f"{target}: {parent} is not a directory")
-            break
+    _check_parent(target)
     return target
 
 
