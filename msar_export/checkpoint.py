@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 
 from .config import MSARConfig
-from .errors import CheckpointError, ConfigError, first_line
+from .errors import CheckpointError, ConfigError, OutputError, first_line
 from .fileio import atomic_dir
 from .untrusted import read_small_file
 
@@ -173,6 +173,10 @@ def save_checkpoint(model, path: str | os.PathLike, *, dtype: torch.dtype | None
     from safetensors.torch import save_file
 
     path = Path(path)
+    if path.is_dir() and any(path.iterdir()) and not (path / CONFIG_FILE).is_file():
+        # atomic_dir replaces the whole directory: only ever one that holds a checkpoint
+        raise OutputError(f"{path}: exists and is not a checkpoint directory (no {CONFIG_FILE}); "
+                          "refusing to replace it")
     state = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
     validate_tensors(model.cfg, state)
     with atomic_dir(path) as tmp:

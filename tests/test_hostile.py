@@ -414,3 +414,19 @@ def test_check_on_a_graph_ort_cannot_load_is_exit_2(ckpt, tmp_path):
     errors = [ln for ln in err.splitlines() if ": error: " in ln]  # the others are progress lines
     assert r.returncode == 2 and "Traceback" not in err, err[-2000:]
     assert len(errors) == 1 and "ONNX Runtime cannot load" in errors[0] and err.strip().endswith(errors[0])
+
+
+def test_saving_a_checkpoint_never_replaces_a_foreign_directory(tmp_path):
+    from msar_export.checkpoint import load_checkpoint, save_checkpoint
+    from msar_export.errors import OutputError
+
+    src, _ = make_checkpoint(tmp_path / "src", seed=2)
+    model = load_checkpoint(src)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="not a checkpoint directory"):
+        save_checkpoint(model, foreign)
+    assert (foreign / "notes.txt").read_text() == "mine"
+    save_checkpoint(model, src)  # a checkpoint is replaced, atomically
+    assert load_checkpoint(src).cfg == model.cfg
