@@ -118,6 +118,26 @@ inline bool typeCombinationOk(int32_t pos, DType const* types)
     return pos == 0 || types[pos] == types[0];
 }
 
+//! getOutputDataTypes / configurePlugin's type rule: every tensor (inputs, and
+//! the output when given) has a supported type, all the same one; the output
+//! has that type. Returns it; fails naming the first offending input.
+inline DType checkOpTypes(char const* op, DType const* types, int32_t nb)
+{
+    for (int32_t i = 0; i < nb; ++i)
+    {
+        if (!isSupported(types[i]))
+        {
+            fail(op, ": input ", i, " has an unsupported data type; use float32, float16 or bfloat16");
+        }
+        if (types[i] != types[0])
+        {
+            fail(op, ": all inputs must share one data type (input ", i, " is ", dtypeName(types[i]), ", input 0 is ",
+                dtypeName(types[0]), ")");
+        }
+    }
+    return nb > 0 ? types[0] : DType::kUNSUPPORTED;
+}
+
 // ---------------------------------------------------------------------------
 // Plugin fields: a TensorRT-free mirror of PluginField.
 
