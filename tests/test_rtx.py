@@ -81,6 +81,7 @@ def graphs(tmp_path_factory) -> dict[tuple, Path]:
         path = root / f"{kind}-{graph}-{variant}-{dtype}.onnx"
         export_checkpoint(ckpts[kind], path, opts, validate=False)
         out[(kind, graph, variant, dtype)] = path
+    out.update({("ckpt", kind): path for kind, path in ckpts.items()})
     return out
 
 
@@ -293,6 +294,38 @@ def test_custom_op_graphs_build_with_plugin_layers(graphs, plugin_library, tmp_p
     assert len(got["engine_plugin_layers"]) == len(nodes)
     assert {k: tuple(v) for k, v in got["inspection"]["io"].items()} == expected_io(model)
     assert all(got["plan_plugin_names"][op] >= 1 for op in {n.op_type for n in nodes})
+
+
+# ---------------------------------------------------------------------------
+# check --engine on a TensorRT-RTX engine, on a machine that cannot run it
+
+
+@needs_rtx
+@pytest.mark.parametrize("key", [("msar", "prefill", "decomposed", "float32"),
+                                 ("attnres", "decode", "decomposed", "float32")], ids=["prefill", "decode"])
+def test_check_engine_verifies_metadata_and_says_it_did_not_run(graphs, tmp_path, capsys, key):
+    from msar_export.cli import main
+
+    reason = cannot_run_reason("tensorrt-rtx")
+    if reason is None:
+        pytest.skip("an RTX-class GPU is present: the engine would run")
+    onnx_path, plan = graphs[key], tmp_path / "m.plan"
+    shapes = "batch=1/1/4,seq=1/8/64" if key[1] == "prefill" else PROFILE["decode"]
+    assert main(["build", str(onnx_path), "-o", str(plan), "--backend", "tensorrt-rtx", "--shapes", shapes]) == 0
+    out = capsys.readouterr().out
+    assert "TensorRT-RTX 1." in out and "tf32: off" in out
+    ckpt = graphs[("ckpt", key[0])]
+    rc = main(["check", str(ckpt), "--onnx", str(onnx_path), "--engine", str(plan)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    lines = [ln for ln in out.splitlines() if "TensorRT" in ln and "skipped" in ln]
+    assert len(lines) == 1, out
+    assert (f"engine m.plan (TensorRT-RTX 1.7.1.116, {key[3]}, 0 plugin layers) matches its build record; "
+            f"built, not run: {reason}") in lines[0]
+    plan.write_bytes(plan.read_bytes() + b"x")  # an edited plan: refused, whatever the machine
+    assert main(["check", str(ckpt), "--onnx", str(onnx_path), "--engine", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "engine file changed after it was built" in err and len(err.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------

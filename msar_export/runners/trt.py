@@ -1,21 +1,58 @@
-"""TensorRT through Polygraphy's `TrtRunner`.  `tensorrt` is imported only here
-and only when asked for, so a machine without it runs everything else."""
+"""TensorRT (or TensorRT-RTX) through Polygraphy's `TrtRunner`.  The TensorRT
+modules are imported only here and only when asked for, so a machine without
+them runs everything else.
+
+Engines are made by the same loader chain as `msar-export build`
+(msar_export.build.loaders: strongly typed, no precision flags, TF32 off, the
+plugins loaded by LoadPlugins); Polygraphy only deserialises and runs them.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import BackendUnavailable, InputError
 
 
 def tensorrt_unavailable() -> str | None:
-    """None when `import tensorrt` works, else the reason (used verbatim in reports)."""
-    try:
-        import tensorrt  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install raising OSError on its libraries
-        return f"import tensorrt failed: {type(e).__name__}: {e}"
-    return None
+    """None when a TensorRT engine can be built and run here (TensorRT or
+    TensorRT-RTX imports, and a GPU it runs on is present), else the reason (used
+    verbatim in reports)."""
+    from ..build.backends import backend_unavailable
+
+    backend = choose_backend()
+    if backend is None:
+        return backend_unavailable("tensorrt")
+    return engine_not_run_reason(None, None, backend)
+
+
+def choose_backend() -> str | None:
+    """The backend an in-memory check engine is built with: TensorRT, else TensorRT-RTX, else None."""
+    from ..build.backends import installed_backends
+
+    have = installed_backends()
+    return have[0] if have else None
+
+
+def engine_not_run_reason(engine_path, meta, backend: str | None = None) -> str | None:
+    """Why an engine (built, or about to be built) cannot run here; None when it can.
+
+    For a built engine the reason says it was built and checked against its
+    metadata, so `check --engine` reports in one line what it did and did not do."""
+    from ..build.backends import backend_unavailable, cannot_run_reason, get_backend
+
+    backend = backend or meta.builder.get("backend", "tensorrt")
+    label = get_backend(backend).label
+    why = backend_unavailable(backend) or cannot_run_reason(backend, meta.builder.get("compute_capabilities")
+                                                             if meta is not None else None)
+    if why is None:
+        return None
+    if engine_path is None:
+        return f"{label} cannot run an engine here: {why}"
+    return (f"engine {Path(engine_path).name} ({label} {meta.tensorrt_version}, {meta.dtype}, "
+            f"{meta.builder.get('plugin_layers', 0)} plugin layers) matches its build record; built, not run: {why}")
 
 
 def check_plugin_paths(plugins) -> list[str]:
@@ -27,29 +64,68 @@ def check_plugin_paths(plugins) -> list[str]:
     return paths
 
 
-def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str = "tensorrt"):
-    """TrtRunner over a serialised engine; plugin libraries are loaded before it is deserialised."""
-    from polygraphy.backend.trt import EngineFromPath, LoadPlugins, TrtRunner
+def polygraphy_trt(backend: str):
+    """polygraphy.backend.trt bound to the backend's module. Polygraphy picks
+    tensorrt or tensorrt_rtx once per process (when polygraphy.backend.trt is
+    first imported), so a process that already runs one cannot switch."""
+    from polygraphy import config
 
-    return TrtRunner(LoadPlugins(plugins=check_plugin_paths(plugins), obj=EngineFromPath(str(engine_path))), name=name)
+    want = backend == "tensorrt-rtx"
+    if "polygraphy.backend.trt" not in sys.modules:
+        config.USE_TENSORRT_RTX = want
+        os.environ["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if want else "0"
+    elif bool(config.USE_TENSORRT_RTX) != want:
+        raise BackendUnavailable(f"this process already runs Polygraphy with "
+                                 f"{'TensorRT-RTX' if config.USE_TENSORRT_RTX else 'TensorRT'}; run the {backend} "
+                                 "check in its own process")
+    import polygraphy.backend.trt as ptrt
+
+    return ptrt
+
+
+def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str = "tensorrt",
+                           backend: str = "tensorrt"):
+    """TrtRunner over a serialised engine; the plugin libraries are loaded (LoadPlugins:
+    static registration, else the registry's load_library) before it is deserialised."""
+    from ..build.backends import import_backend
+    from ..build.loaders import LoadPlugins
+
+    ptrt = polygraphy_trt(backend)
+    trt = import_backend(backend)
+    paths = check_plugin_paths(plugins)
+    load = LoadPlugins(trt, [Path(p) for p in paths], [])
+
+    def engine_bytes():
+        load()
+        return Path(engine_path).read_bytes()
+
+    return ptrt.TrtRunner(ptrt.EngineFromBytes(engine_bytes), name=name)
 
 
 def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], precision: str, max_shape: tuple[int, int],
-                         plugins=(), name: str = "tensorrt"):
-    """TrtRunner over an engine built in memory from the ONNX graph with `outputs`
-    marked (so every h_l can be compared), one profile from (1, 1) to `max_shape`.
+                         plugins=(), name: str = "tensorrt", backend: str | None = None):
+    """TrtRunner over an engine built in memory by build's loader chain, with
+    `outputs` marked (so every h_l can be compared) and one profile from (1, 1)
+    to `max_shape`.
 
-    TF32 stays off for float32 (Polygraphy's default), so the float32 preset applies."""
-    from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, LoadPlugins, ModifyNetworkOutputs,
-                                        NetworkFromOnnxBytes, Profile, TrtRunner)
-
+    `precision` only names the tolerance preset: the network is strongly typed,
+    so the engine computes in the ONNX file's precision, like the one `build`
+    ships. TF32 is off, so the float32 preset applies."""
+    from ..build.backends import import_backend
+    from ..build.loaders import CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnx, make_logger
     from ..build.onnx_info import read_onnx
+    from ..build.profiles import DimRange, input_profiles
 
-    profile = Profile().add("input_ids", min=(1, 1), opt=tuple(max_shape), max=tuple(max_shape))
-    config = CreateConfig(fp16=precision == "float16", bf16=precision == "bfloat16", tf32=False, profiles=[profile])
-    # The parser would import a node's local function before looking for a
-    # plugin, so it gets the graph without the msar function bodies (see
-    # msar_export.build.onnx_info); the plugins then implement every msar node.
-    network = ModifyNetworkOutputs(NetworkFromOnnxBytes(read_onnx(onnx_path).parser_bytes), outputs=list(outputs))
-    engine = EngineFromNetwork(network, config=config)
-    return TrtRunner(LoadPlugins(plugins=check_plugin_paths(plugins), obj=engine), name=name)
+    backend = backend or choose_backend() or "tensorrt"
+    ptrt = polygraphy_trt(backend)
+    trt = import_backend(backend)
+    info = read_onnx(onnx_path)
+    B, T = (int(v) for v in max_shape)
+    profiles = input_profiles(info.inputs, {"batch": DimRange(1, B, B), "seq": DimRange(1, T, T),
+                                            "past": DimRange(0, 0, 0)})
+    libs = [Path(p) for p in check_plugin_paths(plugins)]
+    logger = make_logger(trt, echo=lambda m: None)
+    network = NetworkFromOnnx(trt, info, logger, LoadPlugins(trt, libs, sorted(info.custom_ops)) if libs else None,
+                              outputs=list(outputs))
+    engine = EngineFromNetwork(network, CreateConfig(trt, profiles, tf32=False))
+    return ptrt.TrtRunner(ptrt.EngineFromBytes(lambda: engine().plan), name=name)
