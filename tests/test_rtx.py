@@ -339,6 +339,21 @@ def test_parse_compute_capabilities():
         parse_compute_capabilities("sm_86")
 
 
+@needs_rtx
+def test_build_refuses_an_unknown_compute_capability_in_one_line(graphs, tmp_path, capsys):
+    from msar_export.cli import main
+
+    onnx_path = graphs[("standard", "prefill", "plain", "float32")]
+    rc = main(["build", str(onnx_path), "-o", str(tmp_path / "m.plan"), "--backend", "tensorrt-rtx",
+               "--compute-capability", "9.0"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("msar-export build: error: --compute-capability: 9.0 is not a target of this TensorRT-RTX")
+    assert "8.6" in err and not list(tmp_path.iterdir())
+    assert main(["build", str(onnx_path), "-o", str(tmp_path / "m.plan"), "--compute-capability", "8.6"]) == 2
+    assert "add --backend tensorrt-rtx" in capsys.readouterr().err
+
+
 def test_no_gpu_here_is_named():
     reason = cannot_run_reason("tensorrt-rtx")
     if reason is None:

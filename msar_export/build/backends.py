@@ -100,17 +100,25 @@ def parse_compute_capabilities(specs) -> list[str]:
     return out
 
 
-def apply_compute_capabilities(trt, config, names: list[str]) -> None:
+def check_compute_capabilities(trt, names: list[str]) -> None:
+    """InputError unless every name is a target of this TensorRT-RTX (before any slow step)."""
     if not names:
         return
     cc = getattr(trt, "ComputeCapability", None)
-    if cc is None or not hasattr(config, "set_compute_capability"):
+    if cc is None:
         raise InputError("--compute-capability is a TensorRT-RTX option; use --backend tensorrt-rtx")
     known = [n for n in cc.__members__ if n.startswith("SM")]
     bad = [n for n in names if n not in known]
     if bad:
         raise InputError(f"--compute-capability: {', '.join(_cc(n) for n in bad)} is not a target of this "
                          f"TensorRT-RTX; it supports {', '.join(_cc(n) for n in known)}")
+
+
+def apply_compute_capabilities(trt, config, names: list[str]) -> None:
+    if not names:
+        return
+    check_compute_capabilities(trt, names)
+    cc = trt.ComputeCapability
     config.num_compute_capabilities = len(names)
     for i, n in enumerate(names):
         config.set_compute_capability(getattr(cc, n), i)

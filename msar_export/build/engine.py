@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BackendUnavailable, EngineError, InputError, OnnxModelError
-from .backends import get_backend, import_backend, parse_compute_capabilities
+from .backends import _cc, check_compute_capabilities, get_backend, import_backend, parse_compute_capabilities
 from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
 from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.build.engine.make_logger)
 from .metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
@@ -55,12 +55,21 @@ class BuildReport:
             f"built {self.plan} ({self.meta.dtype}, {label} {self.meta.tensorrt_version}, "
             f"{self.plan_bytes / 1e6:.1f} MB, {self.seconds:.1f} s)",
             f"  plugin layers: {self.plugin_layers}   profile: {shapes}   tf32: {'on' if b.get('tf32') else 'off'}"
-            + (f"   targets: {', '.join(b['compute_capabilities'])}" if b.get("compute_capabilities") else ""),
+            + (f"   targets: {', '.join(_cc(n) for n in b['compute_capabilities'])}"
+               if b.get("compute_capabilities") else ""),
         ]
         if self.inspection is not None:
             ins = self.inspection
+            io = list(ins.io.items())
+            if len(io) <= 4:
+                io_text = ", ".join(f"{k} {v[0].lower()} {v[1]}" for k, v in io)
+            else:
+                counts: dict[str, int] = {}
+                for _, (mode, t) in io:
+                    counts[f"{mode.lower()} {t}"] = counts.get(f"{mode.lower()} {t}", 0) + 1
+                io_text = f"{len(io)} I/O tensors (" + ", ".join(f"{n} {k}" for k, n in counts.items()) + ")"
             lines.append(f"  engine: {len(ins.engine_layers)} layers ({len(ins.engine_plugin_layers)} plugin), "
-                         + ", ".join(f"{k} {v[0].lower()} {v[1]}" for k, v in ins.io.items()))
+                         + io_text)
         lines.append(f"  metadata: {self.metadata}")
         return "\n".join(lines)
 
@@ -120,6 +129,7 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
     if targets and backend != "tensorrt-rtx":
         raise InputError("--compute-capability is a TensorRT-RTX option; add --backend tensorrt-rtx")
     trt = import_tensorrt(backend)
+    check_compute_capabilities(trt, targets)
 
     info = read_onnx(onnx_path)
     dtype = _check_dtype(info, dtype)
