@@ -329,6 +329,60 @@ def test_check_engine_verifies_metadata_and_says_it_did_not_run(graphs, tmp_path
 
 
 # ---------------------------------------------------------------------------
+# generate --engine: the shared decode loop over a TensorRT runner
+
+
+class OrtAsRunner:
+    """Polygraphy's runner interface over an ONNX Runtime session of the same graph,
+    so TrtDecoder's feeds, cache bookkeeping and loop run for real here."""
+
+    def __init__(self, path):
+        from msar_export.runtime import open_session
+
+        self.session = open_session(path, None, 2, "all")
+        self.names = [o.name for o in self.session.get_outputs()]
+        self.active = False
+
+    def __enter__(self):
+        self.active = True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+    def infer(self, feed_dict):
+        assert self.active, "used outside its context"
+        return dict(zip(self.names, self.session.run(self.names, feed_dict)))
+
+
+@needs_rtx
+def test_generate_engine_decode_loop(graphs, tmp_path, capsys):
+    from msar_export.cli import main
+    from msar_export.runners.trt import TrtDecoder
+    from msar_export.runtime import OrtDecoder
+
+    onnx_path, plan = graphs[("attnres", "decode", "decomposed", "float32")], tmp_path / "d.plan"
+    assert main(["build", str(onnx_path), "-o", str(plan), "--backend", "tensorrt-rtx",
+                 "--shapes", "batch=1/1/2,seq=1/1/8,past=0/8/24"]) == 0
+    capsys.readouterr()
+    ids = [[3, 14, 15, 9, 26]]
+    dec = TrtDecoder(plan, onnx_path, runner=OrtAsRunner(onnx_path))
+    got = dec.generate(ids, max_new_tokens=6)
+    want = OrtDecoder(onnx_path).generate(ids, max_new_tokens=6)
+    assert got.tolist() == want.tolist() and got.shape == (1, 11)
+    from msar_export.errors import EngineError
+
+    with pytest.raises(EngineError, match="outside the engine's optimisation profile"):
+        dec.generate([[1] * 20], max_new_tokens=8)  # prompt 20 > seq max 8
+    reason = cannot_run_reason("tensorrt-rtx")
+    if reason is not None:  # no GPU: one line, exit 2, after the build record was checked
+        rc = main(["generate", "--onnx", str(onnx_path), "--engine", str(plan), "--max-new-tokens", "2"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+        assert err.endswith(f"matches its build record; built, not run: {reason}")
+
+
+# ---------------------------------------------------------------------------
 # Small pieces
 
 

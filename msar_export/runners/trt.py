@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import BackendUnavailable, InputError
 
 
@@ -129,3 +131,79 @@ def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], preci
                               outputs=list(outputs))
     engine = EngineFromNetwork(network, CreateConfig(trt, profiles, tf32=False))
     return ptrt.TrtRunner(ptrt.EngineFromBytes(lambda: engine().plan), name=name)
+
+
+class TrtDecoder:
+    """The decode graph's engine: prefill with an empty cache, then one token per
+    step, through the shared decode loop (msar_export.model.generate.decode_loop)
+    - the same contract as runtime.OrtDecoder.
+
+    The engine is checked against its build record (ONNX file, plugins, TensorRT
+    version) first; where it cannot run here, BackendUnavailable says in one line
+    that it was built and why it does not run. `runner`: anything with Polygraphy's
+    runner interface (context manager + infer(feed_dict)); default a TrtRunner."""
+
+    def __init__(self, engine_path, onnx_path, plugins=(), runner=None):
+        import onnx
+
+        from ..build.metadata import verify_engine_metadata
+        from ..config import MSARConfig
+        from ..errors import EngineError, OnnxModelError
+
+        self.meta = verify_engine_metadata(engine_path, onnx_path, check_plugin_paths(plugins))
+        if self.meta.builder.get("graph") != "decode":
+            raise EngineError(f"{Path(engine_path).name} was built from a {self.meta.builder.get('graph')} graph; "
+                              "generate needs an engine of a decode graph (export --decode, then build)")
+        if self.meta.dtype not in ("float32", "float16"):
+            raise EngineError(f"{Path(engine_path).name} is {self.meta.dtype}: its cache cannot be fed from numpy; "
+                              "build the float32 or float16 decode graph")
+        props = {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
+        if "msar.config" not in props:
+            raise OnnxModelError(f"{onnx_path}: no msar.config metadata; export it with `msar-export export`")
+        self.cfg = MSARConfig.from_json(props["msar.config"])
+        self.cache_dtype = np.float16 if self.meta.dtype == "float16" else np.float32
+        if runner is None:
+            why = engine_not_run_reason(engine_path, self.meta)
+            if why is not None:
+                raise BackendUnavailable(why)
+            runner = trt_runner_from_engine(engine_path, plugins, backend=self.meta.builder.get("backend", "tensorrt"))
+        self.runner = runner
+
+    def empty_cache(self, batch: int) -> dict:
+        c = self.cfg
+        feeds = {}
+        for k in range(c.n_blocks):
+            for part in ("key", "value"):
+                feeds[f"past_key_values.{k}.{part}"] = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), self.cache_dtype)
+        if c.residual == "msar":
+            feeds["past_conv_state"] = np.zeros((c.n_sublayers + 1, batch, c.kmax - 1, c.d_model), self.cache_dtype)
+        return feeds
+
+    def step(self, input_ids, attention_mask, position_ids, cache):
+        from ..build.metadata import check_input_shapes
+
+        feeds = {"input_ids": np.asarray(input_ids, np.int64), "attention_mask": np.asarray(attention_mask, np.int64),
+                 "position_ids": np.asarray(position_ids, np.int64), **cache}
+        check_input_shapes(self.meta, {k: tuple(v.shape) for k, v in feeds.items()})  # one line, before TensorRT
+        outs = {k: np.asarray(v.cpu() if hasattr(v, "cpu") else v) for k, v in self.runner.infer(feeds).items()}
+        new = {n.replace("present.", "past_key_values.").replace("present_conv", "past_conv"): v
+               for n, v in outs.items() if n != "logits"}
+        return outs["logits"], new
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+                 eos_token_id: int | None = None):
+        import torch
+
+        from ..model.generate import check_token_batch, decode_loop
+
+        ids = torch.as_tensor(input_ids)
+        mask = None if attention_mask is None else torch.as_tensor(attention_mask)
+        check_token_batch(ids, mask, self.cfg.vocab_size, self.cfg.max_seq_len, max_new_tokens)
+
+        def step(ids, mask, positions, cache):
+            return self.step(ids.numpy(), mask.numpy(), positions.numpy(), cache)
+
+        with self.runner:
+            return decode_loop(step, ids, mask, self.empty_cache(ids.shape[0]), max_new_tokens, do_sample,
+                               temperature, top_k, seed, eos_token_id)
