@@ -54,7 +54,15 @@ def cmd_generate(a) -> int:
     from .model import generate
 
     ids = _encode_prompt(a.prompt)
-    if a.onnx:
+    if a.engine and not a.onnx:
+        raise InputError("--engine needs --onnx: the decode graph the engine was built from (its build record is checked)")
+    if a.engine:
+        from .runners.trt import TrtDecoder
+
+        out = TrtDecoder(a.engine, a.onnx, a.plugins).generate(ids, max_new_tokens=a.max_new_tokens,
+                                                               do_sample=a.sample, temperature=a.temperature,
+                                                               top_k=a.top_k, seed=a.seed)
+    elif a.onnx:
         from .runtime import OrtDecoder
 
         out = OrtDecoder(a.onnx, threads=a.threads).generate(ids, max_new_tokens=a.max_new_tokens, do_sample=a.sample,
@@ -100,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a checkpoint (eager) or a decode ONNX graph")
     g.add_argument("checkpoint", nargs="?", help="checkpoint directory")
     g.add_argument("--onnx", help="decode graph from `export --decode` (runs in ONNX Runtime instead of PyTorch)")
+    g.add_argument("--engine", metavar="MODEL.plan", help="TensorRT engine of the --onnx decode graph (runs it instead)")
+    g.add_argument("--plugins", nargs="+", default=[], metavar="LIB.so", help="plugin libraries the engine needs")
     g.add_argument("--prompt", default="def ")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")

@@ -39,6 +39,9 @@ if $X --help | grep -q " build "; then
     echo "== TensorRT engine build"
     if .venv/bin/python -c "import tensorrt" >/dev/null 2>&1; then
         $X build "$OUT/msar.onnx" -o "$OUT/msar.plan"
+    elif .venv/bin/python -c "import tensorrt_rtx" >/dev/null 2>&1; then
+        # TensorRT-RTX builds without a GPU; the decomposed graph needs no plugin library.
+        $X build "$OUT/msar.decomposed.onnx" -o "$OUT/msar.decomposed.plan" --backend tensorrt-rtx
     else
         echo "skipped: TensorRT is not installed here (import tensorrt fails); see docs/tensorrt.md"
     fi

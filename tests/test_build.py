@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 from msar_export import cli
 from msar_export.build import DimRange, build_engine, parse_shapes, read_metadata, verify_engine_metadata
 from msar_export.build import engine as engine_mod
+from msar_export.build import loaders as loaders_mod
 from msar_export.build.metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
 from msar_export.build.onnx_info import read_onnx
 from msar_export.build.profiles import default_ranges, input_profiles
@@ -73,7 +74,7 @@ def test_build_without_tensorrt_exits_2_with_one_line(tmp_path, monkeypatch, cap
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in err
     assert lines[0].startswith("msar-export build: error: TensorRT is not installed (import tensorrt failed:")
-    assert lines[0].endswith("build engines on a machine with TensorRT")
+    assert lines[0].endswith("use --backend tensorrt-rtx (pip install -e '.[rtx]': its builder needs no GPU)")
     assert not plan.exists() and not metadata_path(plan).exists()
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["m.onnx"]
 
@@ -203,9 +204,22 @@ class FakeTensorRT(types.ModuleType):
             def __init__(self):
                 pass
 
+        class Tensor:
+            def __init__(self, name, dtype="DataType.FLOAT", shape=(-1, -1, 8)):
+                self.name, self.dtype, self.shape = name, dtype, shape
+
         class Layer:
             def __init__(self, type_):
                 self.type = type_
+                self.name = f"layer_{type_}"
+                self.num_inputs = 1
+                self.num_outputs = 1
+
+            def get_input(self, i):
+                return Tensor("x")
+
+            def get_output(self, i):
+                return Tensor("h")
 
         class Network:
             def __init__(self, flags):
@@ -218,6 +232,14 @@ class FakeTensorRT(types.ModuleType):
 
             def get_layer(self, i):
                 return self.layers[i]
+
+            num_inputs = num_outputs = 1
+
+            def get_input(self, i):
+                return Tensor("x")
+
+            def get_output(self, i):
+                return Tensor("h")
 
         class Parser:
             def __init__(self, network, logger):
@@ -262,6 +284,12 @@ class FakeTensorRT(types.ModuleType):
             def set_memory_pool_limit(self, pool, size):
                 fake.calls["workspace"] = size
 
+            def set_flag(self, flag):
+                fake.calls["flags"].add(("set", flag))
+
+            def clear_flag(self, flag):
+                fake.calls["flags"].add(("clear", flag))
+
         class Builder:
             def __init__(self, logger):
                 self.logger = logger
@@ -290,6 +318,7 @@ class FakeTensorRT(types.ModuleType):
         self.OnnxParserFlag = enum.IntEnum("OnnxParserFlag", {"NATIVE_INSTANCENORM": 0, "ENABLE_PLUGIN_OVERRIDE": 3})
         self.LayerType = types.SimpleNamespace(PLUGIN_V3="plugin_v3")
         self.MemoryPoolType = types.SimpleNamespace(WORKSPACE="workspace")
+        self.BuilderFlag = types.SimpleNamespace(TF32="tf32")
         self._registry = Registry()
         self.get_plugin_registry = lambda: self._registry
 
@@ -299,7 +328,7 @@ def fake_trt(monkeypatch):
     fake = FakeTensorRT()
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
     # Loading a plugin library registers its creators (static registration).
-    monkeypatch.setattr(engine_mod.ctypes, "CDLL", lambda path, mode=0: fake.registered.update(
+    monkeypatch.setattr(loaders_mod.ctypes, "CDLL", lambda path, mode=0: fake.registered.update(
         {"FusedMixer", "DepthRetrieval"}))
     return fake
 
@@ -314,10 +343,11 @@ def test_build_engine_flow(tmp_path, fake_trt):
                           timing_cache=tmp_path / "cache.bin", workspace_gb=1, progress=messages.append)
     assert plan.read_bytes() == b"serialized engine"
     assert (tmp_path / "cache.bin").read_bytes() == b"timing cache"
-    assert report.plugin_layers == 1 and len(messages) == 2
+    assert report.plugin_layers == 1 and len(messages) == 1
     calls = fake_trt.calls
     assert calls["network_flags"] == 1 << 5  # strongly typed
-    assert calls["flags"] == {fake_trt.OnnxParserFlag.ENABLE_PLUGIN_OVERRIDE}
+    # plugin override on the parser; TF32 cleared (float32 stays float32); no other builder flag
+    assert calls["flags"] == {fake_trt.OnnxParserFlag.ENABLE_PLUGIN_OVERRIDE, ("clear", "tf32")}
     parsed, path = calls["parsed"]
     assert list(parsed.functions) == [] and path == str(model)  # bodies stripped, path kept for external data
     assert calls["profiles"] == {"x": ([1, 1, 8], [2, 16, 8], [4, 32, 8]),
@@ -326,6 +356,7 @@ def test_build_engine_flow(tmp_path, fake_trt):
     meta = verify_engine_metadata(plan, model, [plugin], tensorrt_version="10.99.0")
     assert meta.shapes == {"batch": [1, 2, 4], "seq": [1, 16, 32], "past": [0, 0, 0]}
     assert meta.dtype == "float32" and meta.builder["plugin_layers"] == 1
+    assert meta.builder["backend"] == "tensorrt" and meta.builder["tf32"] is False
     assert "built" in report.summary()
 
 
@@ -347,7 +378,7 @@ def test_build_engine_reports_missing_creators_and_parse_errors(tmp_path, fake_t
     model = tiny_onnx(tmp_path / "m.onnx")
     plugin = tmp_path / "lib.so"
     plugin.write_bytes(b"x")
-    monkeypatch.setattr(engine_mod.ctypes, "CDLL", lambda path, mode=0: None)  # registers nothing
+    monkeypatch.setattr(loaders_mod.ctypes, "CDLL", lambda path, mode=0: None)  # registers nothing
     with pytest.raises(EngineError, match="no TensorRT plugin for FusedMixer"):
         build_engine(model, tmp_path / "m.plan", plugin_libs=[plugin])
     assert fake_trt.calls["load_library"] == str(plugin.resolve())  # the getCreators route was tried

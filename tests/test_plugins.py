@@ -7,6 +7,7 @@ TensorRT headers (TENSORRT_INCLUDE_DIR) and skip without them.
 from __future__ import annotations
 
 import ast
+import ctypes
 import json
 import os
 import re
@@ -239,6 +240,26 @@ def test_emulated_fused_mixer_catches_a_wrong_tap(emulated):
     wrong = dict(inp, conv_weight=inp["conv_weight"].clone())
     wrong["conv_weight"][1, :, 0] *= 1.02
     assert K.rel_err(got, K.reference_fused_mixer64(**wrong)) > 1e-4
+
+
+def test_emulated_fused_mixer_with_taps_prepared_once(emulated):
+    """Taps transposed once (msarFusedMixerPrepareTaps) and reused: the same output
+    as the per-call transpose, with no workspace; and the kernel really reads the
+    prepared buffer (zeroed taps give another answer)."""
+    inp = K.random_fused_mixer_inputs(3, 2, 9, 40, [1, 3, 5], seed=7)
+    taps = emulated.prepare_taps(inp["conv_weight"], 3, inp["stream_kernels"])
+    assert taps.numel() == emulated.fused_mixer_workspace(3, 40, [1, 3, 5]) >= 3 * 8 * 40 * 4
+    want = emulated.fused_mixer(**inp)
+    for _ in range(2):
+        got = emulated.fused_mixer(**inp, prepared_taps=taps, workspace=torch.empty(1, dtype=torch.uint8))
+        assert torch.equal(got, want)
+    zero = emulated.fused_mixer(**inp, prepared_taps=torch.zeros_like(taps), workspace=torch.empty(1, dtype=torch.uint8))
+    assert not torch.allclose(zero, want)
+    ks = (ctypes.c_int32 * 3)(1, 3, 5)
+    small = torch.empty(16, dtype=torch.uint8)
+    status = emulated.lib.msarFusedMixerPrepareTaps(0, inp["conv_weight"].data_ptr(), 3, 40, ks, 3,
+                                                    small.data_ptr(), small.numel(), None)
+    assert K.status_text(status) == "workspace too small"
 
 
 def test_emulated_depth_retrieval_matches_eager(emulated):

@@ -10,7 +10,9 @@ DESCRIPTION = """Build a TensorRT engine from an ONNX file made by `msar-export 
 The network is strongly typed, so the precision is the ONNX file's (export with
 --dtype); msar custom nodes need the plugin library (--plugins). Writes the plan
 atomically and a metadata file PLAN.json (TensorRT version, ONNX and plugin
-sha256, profile) that later runs check. Needs TensorRT and a GPU."""
+sha256, profile, backend, TF32) that later runs check. --backend tensorrt needs
+TensorRT; --backend tensorrt-rtx (pip install -e '.[rtx]') builds without a GPU,
+and its engines run on RTX-class GPUs. TF32 is off unless --tf32."""
 
 
 def cmd_build(a) -> int:
@@ -18,7 +20,8 @@ def cmd_build(a) -> int:
 
     report = build_engine(a.onnx, a.output, dtype=a.dtype, shapes=a.shapes, plugin_libs=a.plugins,
                           timing_cache=a.timing_cache, workspace_gb=a.workspace_gb, verbose=a.verbose,
-                          progress=lambda msg: print(msg, flush=True))
+                          progress=lambda msg: print(msg, flush=True), backend=a.backend,
+                          compute_capabilities=a.compute_capability, tf32=a.tf32)
     print(report.summary())
     return 0
 
@@ -36,6 +39,12 @@ def register(subparsers) -> None:
     p.add_argument("--plugins", action="append", default=[], metavar="LIB",
                    help="plugin library to load, e.g. build/plugins/libmsar_plugins.so (repeatable; required "
                         "when the file has msar custom nodes)")
+    p.add_argument("--backend", choices=("tensorrt", "tensorrt-rtx"), default="tensorrt",
+                   help="which TensorRT builds the engine (default tensorrt; tensorrt-rtx builds with no GPU)")
+    p.add_argument("--compute-capability", action="append", default=[], metavar="X.Y[,X.Y]",
+                   help="TensorRT-RTX target GPUs, e.g. 8.6,12.0 (repeatable; default: the library's default)")
+    p.add_argument("--tf32", action="store_true",
+                   help="allow TF32 in float32 matmuls (off by default: float32 engines compute in float32)")
     p.add_argument("--timing-cache", metavar="FILE", help="TensorRT timing cache: read if present, then updated")
     p.add_argument("--workspace-gb", type=float, default=None, help="builder workspace limit in GiB")
     p.add_argument("--verbose", action="store_true", help="print TensorRT's info and verbose log")

@@ -7,7 +7,6 @@ with `--dtype`), `dtype` here only checks that the file is what you expect.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from dataclasses import dataclass
@@ -15,8 +14,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BackendUnavailable, EngineError, InputError, OnnxModelError
-from ..export.contracts import PLUGIN_NAMESPACE, PLUGIN_VERSION
-from ..fileio import atomic_write_bytes
+from .backends import _cc, check_compute_capabilities, get_backend, import_backend, parse_compute_capabilities
+from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
+from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.build.engine.make_logger)
 from .metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
 from .onnx_info import OnnxInfo, read_onnx
 from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_shapes
@@ -24,14 +24,17 @@ from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-def import_tensorrt():
-    """`import tensorrt`, or BackendUnavailable with what to do."""
-    try:
-        import tensorrt
-    except Exception as e:  # ImportError, or OSError from a broken install's libraries
-        raise BackendUnavailable(f"TensorRT is not installed (import tensorrt failed: {e}); "
-                                 "build engines on a machine with TensorRT") from None
-    return tensorrt
+def import_tensorrt(backend: str = "tensorrt"):
+    """`import tensorrt` (or tensorrt_rtx), or BackendUnavailable with what to do."""
+    if backend == "tensorrt":
+        try:
+            import tensorrt
+        except Exception as e:  # ImportError, or OSError from a broken install's libraries
+            raise BackendUnavailable(f"TensorRT is not installed (import tensorrt failed: {e}); "
+                                     "build engines on a machine with TensorRT, or use --backend tensorrt-rtx "
+                                     "(pip install -e '.[rtx]': its builder needs no GPU)") from None
+        return tensorrt
+    return import_backend(backend)
 
 
 @dataclass
@@ -42,62 +45,38 @@ class BuildReport:
     seconds: float
     plugin_layers: int
     meta: EngineMetadata
+    inspection: EngineInspection | None = None
 
     def summary(self) -> str:
         shapes = ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in self.meta.shapes.items())
-        return "\n".join([
-            f"built {self.plan} ({self.meta.dtype}, TensorRT {self.meta.tensorrt_version}, "
+        b = self.meta.builder
+        label = "TensorRT-RTX" if b.get("backend") == "tensorrt-rtx" else "TensorRT"
+        lines = [
+            f"built {self.plan} ({self.meta.dtype}, {label} {self.meta.tensorrt_version}, "
             f"{self.plan_bytes / 1e6:.1f} MB, {self.seconds:.1f} s)",
-            f"  plugin layers: {self.plugin_layers}   profile: {shapes}",
-            f"  metadata: {self.metadata}",
-        ])
-
-
-def _creator(trt, name: str):
-    registry = trt.get_plugin_registry()
-    get = getattr(registry, "get_creator", None) or registry.get_plugin_creator
-    return get(name, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+            f"  plugin layers: {self.plugin_layers}   profile: {shapes}   tf32: {'on' if b.get('tf32') else 'off'}"
+            + (f"   targets: {', '.join(_cc(n) for n in b['compute_capabilities'])}"
+               if b.get("compute_capabilities") else ""),
+        ]
+        if self.inspection is not None:
+            ins = self.inspection
+            io = list(ins.io.items())
+            if len(io) <= 4:
+                io_text = ", ".join(f"{k} {v[0].lower()} {v[1]}" for k, v in io)
+            else:
+                counts: dict[str, int] = {}
+                for _, (mode, t) in io:
+                    counts[f"{mode.lower()} {t}"] = counts.get(f"{mode.lower()} {t}", 0) + 1
+                io_text = f"{len(io)} I/O tensors (" + ", ".join(f"{n} {k}" for k, n in counts.items()) + ")"
+            lines.append(f"  engine: {len(ins.engine_layers)} layers ({len(ins.engine_plugin_layers)} plugin), "
+                         + io_text)
+        lines.append(f"  metadata: {self.metadata}")
+        return "\n".join(lines)
 
 
 def load_plugins(trt, libs: list[Path], needed: list[str]) -> None:
-    """Load plugin libraries and check that every op in `needed` has a creator.
-
-    libmsar_plugins.so registers its creators when it is loaded (static
-    registration); a library that only exports getCreators (the _dynamic
-    flavour) is handed to the plugin registry's load_library instead."""
-    for lib in libs:
-        try:
-            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-        except OSError as e:
-            raise EngineError(f"cannot load plugin library {lib}: {e}") from None
-    missing = [op for op in needed if _creator(trt, op) is None]
-    if missing:
-        registry = trt.get_plugin_registry()
-        for lib in libs:
-            registry.load_library(str(lib))
-        missing = [op for op in needed if _creator(trt, op) is None]
-    if missing:
-        raise EngineError(f"no TensorRT plugin for {', '.join(missing)} (version {PLUGIN_VERSION!r}, namespace "
-                          f"{PLUGIN_NAMESPACE!r}) in {', '.join(map(str, libs))}; build libmsar_plugins.so "
-                          "(docs/tensorrt.md)")
-
-
-def make_logger(trt, verbose: bool = False):
-    """A trt.ILogger that prints warnings (everything if verbose) and keeps errors for the exception message."""
-
-    class Logger(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-
-        def log(self, severity, msg):
-            level = int(severity)  # INTERNAL_ERROR 0, ERROR 1, WARNING 2, INFO 3, VERBOSE 4
-            if level <= 1:
-                self.errors.append(msg)
-            if level <= (4 if verbose else 2):
-                print(f"[TensorRT] {msg}", flush=True)
-
-    return Logger()
+    """Load plugin libraries and check every op in `needed` has a creator (loaders.LoadPlugins)."""
+    LoadPlugins(trt, libs, needed)()
 
 
 def _check_dtype(info: OnnxInfo, dtype: str | None) -> str:
@@ -120,17 +99,22 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
                  shapes: dict[str, DimRange] | list[str] | str | None = None,
                  plugin_libs: list[str | os.PathLike] | tuple = (), timing_cache: str | os.PathLike | None = None,
                  workspace_gb: float | None = None, verbose: bool = False,
-                 progress: Callable[[str], None] | None = None) -> BuildReport:
+                 progress: Callable[[str], None] | None = None, backend: str = "tensorrt",
+                 compute_capabilities=None, tf32: bool = False) -> BuildReport:
     """Build `out_plan` from `onnx_path` and write `<out_plan>.json` next to it.
 
     shapes: min/opt/max per dim name (batch, seq, past), as DimRange objects or
     "batch=1/4/8,seq=1/128/512" strings; unspecified dims get defaults.
     plugin_libs: libmsar_plugins.so (needed when the file has msar custom nodes).
     timing_cache: read if it exists, written back after the build.
+    backend: "tensorrt" or "tensorrt-rtx" (builds without a GPU).
+    compute_capabilities: TensorRT-RTX targets, e.g. ["8.6", "12.0"] (default: the library's).
+    tf32: allow TF32 for float32 matmuls (off by default; recorded in the metadata).
     """
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     onnx_path, out_plan = Path(onnx_path), Path(out_plan)
+    get_backend(backend)
     if not onnx_path.is_file():
         raise OnnxModelError(f"ONNX file {onnx_path} does not exist")
     libs = [Path(p).resolve() for p in plugin_libs]
@@ -141,7 +125,11 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
         raise InputError("the engine path is the ONNX path; choose another -o")
     if isinstance(shapes, (str, list)):
         parse_shapes(shapes)  # user errors before the slow parts
-    trt = import_tensorrt()
+    targets = parse_compute_capabilities(compute_capabilities)
+    if targets and backend != "tensorrt-rtx":
+        raise InputError("--compute-capability is a TensorRT-RTX option; add --backend tensorrt-rtx")
+    trt = import_tensorrt(backend)
+    check_compute_capabilities(trt, targets)
 
     info = read_onnx(onnx_path)
     dtype = _check_dtype(info, dtype)
@@ -151,57 +139,27 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
                              "or export with --decomposed")
     ranges = _ranges(info, shapes)
     profiles = input_profiles(info.inputs, ranges)
-    if libs:
-        load_plugins(trt, libs, sorted(info.custom_ops))
 
-    logger = make_logger(trt, verbose)
-    builder = trt.Builder(logger)
-    flags = 0
-    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):  # always on from TensorRT 11
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if hasattr(trt, "OnnxParserFlag") and hasattr(trt.OnnxParserFlag, "ENABLE_PLUGIN_OVERRIDE"):
-        parser.set_flag(trt.OnnxParserFlag.ENABLE_PLUGIN_OVERRIDE)
-
-    say(f"parsing {onnx_path} ({info.graph}, {dtype})")
-    if not parser.parse(info.parser_bytes, str(onnx_path)):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise EngineError(f"TensorRT could not parse {onnx_path.name}: " + " | ".join(errors[:3])
-                          + (f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""))
-    plugin_layers = sum(network.get_layer(i).type == trt.LayerType.PLUGIN_V3 for i in range(network.num_layers))
-    expected = sum(info.custom_ops.values())
-    if plugin_layers != expected:
-        raise EngineError(f"{onnx_path.name} has {expected} msar custom nodes but the parsed network has "
-                          f"{plugin_layers} plugin layers; the parser did not map every node to its plugin")
-
-    config = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
-    for name, p in profiles.items():
-        profile.set_shape(name, p["min"], p["opt"], p["max"])
-    config.add_optimization_profile(profile)
-    if workspace_gb is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
-    if timing_cache is not None:
-        cache_bytes = Path(timing_cache).read_bytes() if Path(timing_cache).is_file() else b""
-        config.set_timing_cache(config.create_timing_cache(cache_bytes), ignore_mismatch=False)
-
-    say("building the engine (this takes a while)")
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise EngineError("TensorRT failed to build the engine: " + (" | ".join(logger.errors[-3:]) or "no message"))
-    plan_data = bytes(memoryview(serialized))
-
-    atomic_write_bytes(out_plan, plan_data)
-    if timing_cache is not None:
-        atomic_write_bytes(timing_cache, bytes(memoryview(config.get_timing_cache().serialize())))
+    logger = make_logger(trt, verbose, echo=lambda m: print(m, flush=True))
+    plugins = LoadPlugins(trt, libs, sorted(info.custom_ops)) if libs else None
+    network = NetworkFromOnnx(trt, info, logger, plugins, say=say)
+    cache = Path(timing_cache) if timing_cache is not None else None
+    config = CreateConfig(trt, profiles, tf32=tf32, workspace_gb=workspace_gb, timing_cache=cache,
+                          compute_capabilities=targets)
+    say(f"parsing {onnx_path} ({info.graph}, {dtype}) and building the engine with {get_backend(backend).label} "
+        f"{trt.__version__}")
+    built = SaveEngine(EngineFromNetwork(network, config), out_plan, cache)()
     from .. import __version__
 
+    ins = built.inspection
     meta = EngineMetadata(
         tensorrt_version=trt.__version__, dtype=dtype, onnx=FileRecord.of(onnx_path),
         plugins=[FileRecord.of(lib) for lib in libs], plan_sha256=sha256_file(out_plan), profiles=profiles,
         shapes={k: ranges[k].as_list() for k in DIM_NAMES if k in ranges},
-        builder={"msar_export": __version__, "graph": info.graph, "plugin_layers": plugin_layers,
+        builder={"msar_export": __version__, "graph": info.graph, "plugin_layers": len(ins.plugin_layers),
+                 "backend": backend, "tf32": bool(tf32), "compute_capabilities": targets,
+                 "strongly_typed": True, "inspection": ins.summary(),
                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     write_metadata(out_plan, meta)
-    return BuildReport(out_plan, metadata_path(out_plan), len(plan_data), time.perf_counter() - t0, plugin_layers, meta)
+    return BuildReport(out_plan, metadata_path(out_plan), len(built.plan), time.perf_counter() - t0,
+                       len(ins.plugin_layers), meta, ins)

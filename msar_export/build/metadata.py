@@ -127,15 +127,18 @@ def verify_engine_metadata(plan: str | os.PathLike, onnx_path: str | os.PathLike
             problems.append(f"it was built with plugin library {Path(path).name} (sha256 {_short(sha)}), "
                             "which was not given")
 
+    backend = meta.builder.get("backend", "tensorrt")
+    label = "TensorRT-RTX" if backend == "tensorrt-rtx" else "TensorRT"
     if tensorrt_version == _INSTALLED:
-        try:
-            import tensorrt
+        import importlib
 
-            tensorrt_version = tensorrt.__version__
-        except ImportError:
+        try:
+            tensorrt_version = importlib.import_module("tensorrt_rtx" if backend == "tensorrt-rtx"
+                                                       else "tensorrt").__version__
+        except Exception:
             tensorrt_version = None
     if tensorrt_version is not None and tensorrt_version != meta.tensorrt_version:
-        problems.append(f"it was built with TensorRT {meta.tensorrt_version}, this is TensorRT {tensorrt_version}")
+        problems.append(f"it was built with {label} {meta.tensorrt_version}, this is {label} {tensorrt_version}")
 
     if problems:
         raise EngineError(f"engine {plan} does not match: " + "; ".join(problems) + f"; {rebuild}")

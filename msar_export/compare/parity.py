@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import BackendUnavailable, InputError, MsarError
+from ..errors import InputError, MsarError
 from ..runners.common import layer_index, layer_order, output_names
 from .inputs import check_shapes, decode_batches, default_shapes, token_batches
 from .preflight import GraphInfo, check_engine_path, inspect_onnx
@@ -257,7 +257,7 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
     from ..checkpoint import load_checkpoint
     from ..runners.eager import TorchRunner
     from ..runners.onnxrt import onnxrt_runner
-    from ..runners.trt import check_plugin_paths, tensorrt_unavailable
+    from ..runners.trt import check_plugin_paths, choose_backend, engine_not_run_reason, tensorrt_unavailable
 
     say = progress or (lambda msg: None)
     if dtype is not None and dtype not in ("float32", "float16", "bfloat16"):
@@ -271,19 +271,25 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
     plugins = check_plugin_paths(plugins)
     if engine_path is not None and not tensorrt:
         raise InputError("--engine and --no-trt contradict each other; drop one")
-    trt_skip = "--no-trt" if not tensorrt else tensorrt_unavailable()
-    if graph.decode and trt_skip is None and engine_path is None:
-        trt_skip = "decode graphs are checked on ONNX Runtime only (no in-memory engine profile for the past inputs)"
-    if engine_path is not None and trt_skip is not None:
-        # Asked to check an engine that cannot run here: an error, never a silent skip.
-        raise BackendUnavailable(f"--engine {engine_path}: cannot run a TensorRT engine on this machine ({trt_skip})")
-    shapes = check_shapes(shapes if shapes is not None else default_shapes(cfg), cfg)
+    meta = None
     if engine_path is not None:
         # The engine's build record must name this ONNX file and these plugin
-        # libraries, and every check shape must lie inside its profile.
-        from ..build.metadata import check_input_shapes, verify_engine_metadata
+        # libraries (pure Python: checked whether or not the engine can run here).
+        from ..build.metadata import verify_engine_metadata
 
         meta = verify_engine_metadata(engine_path, graph.path, plugins)
+        trt_backend = meta.builder.get("backend", "tensorrt")
+        trt_skip = engine_not_run_reason(engine_path, meta)
+    else:
+        trt_backend = choose_backend()
+        trt_skip = "--no-trt" if not tensorrt else tensorrt_unavailable()
+    if graph.decode and trt_skip is None and engine_path is None:
+        trt_skip = "decode graphs are checked on ONNX Runtime only (no in-memory engine profile for the past inputs)"
+    shapes = check_shapes(shapes if shapes is not None else default_shapes(cfg), cfg)
+    if meta is not None and not graph.decode:
+        # Every check shape must lie inside the engine's profile.
+        from ..build.metadata import check_input_shapes
+
         for shape in shapes:
             check_input_shapes(meta, {"input_ids": tuple(shape)})
     cache_dtype = None
@@ -307,7 +313,7 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
                                     graph.precision, (), verbose))
     trt_precision = looser(dtype or graph.precision, graph.precision)
     backends.append(_tensorrt(graph, engine_path, plugins, trt_precision, tol, trt_skip, shapes, feeds, ref_iters,
-                              order, names, say, verbose))
+                              order, names, say, verbose, trt_backend))
 
     from polygraphy.comparator import RunResults
 
@@ -330,7 +336,8 @@ def _backend_result(name, ref_iters, got, err, secs, order, tol, precision, opti
     return res
 
 
-def _tensorrt(graph, engine_path, plugins, precision, tol, skip, shapes, feeds, ref_iters, order, names, say, verbose):
+def _tensorrt(graph, engine_path, plugins, precision, tol, skip, shapes, feeds, ref_iters, order, names, say, verbose,
+              backend="tensorrt"):
     """skip: why TensorRT does not run here (None: it does).  precision: --dtype,
     never stricter than the graph's own (an engine from an fp16 graph is fp16)."""
     from ..runners.trt import trt_runner_from_engine, trt_runner_from_onnx
@@ -339,12 +346,12 @@ def _tensorrt(graph, engine_path, plugins, precision, tol, skip, shapes, feeds, 
         return BackendResult("tensorrt", "skipped", reason=skip)
     if engine_path is not None:
         say(f"tensorrt: running engine {engine_path.name}")
-        runner = trt_runner_from_engine(engine_path, plugins)
+        runner = trt_runner_from_engine(engine_path, plugins, backend=backend)
         optional = tuple(n for n in order if n != "logits")  # a shipped engine may expose only the logits
     else:
         say(f"tensorrt: building an engine from {graph.path.name} ({precision}) with hidden.{{l}} marked")
         max_shape = (max(b for b, _ in shapes), max(t for _, t in shapes))
-        runner = trt_runner_from_onnx(graph.path, names, precision, max_shape, plugins)
+        runner = trt_runner_from_onnx(graph.path, names, precision, max_shape, plugins, backend=backend)
         optional = ()
     got, err, secs = run_backend(runner, feeds, verbose)
     res = _backend_result("tensorrt", ref_iters, got, err, secs, order, preset(precision, tol), precision, optional,

@@ -24,6 +24,10 @@ def pack_conv_weights(model) -> torch.Tensor:
 
 
 def depth_retrieval_op(query: torch.Tensor, views: list[torch.Tensor], eps: float) -> torch.Tensor:
+    # One type for every input (the op's type variable T, and the plugin's rule):
+    # the views are float32 whatever the export dtype (model/mixing.py), so the
+    # query goes in as float32 too, as the eager mixer computes it.
+    query = query.to(views[0].dtype)
     return torch.onnx.ops.symbolic(
         f"{DOMAIN}::{DEPTH_RETRIEVAL.name}", [query, *views], {"eps": float(eps), **PLUGIN_ATTRS},
         dtype=views[0].dtype, shape=views[0].shape, version=DOMAIN_VERSION,

@@ -1,21 +1,60 @@
-"""TensorRT through Polygraphy's `TrtRunner`.  `tensorrt` is imported only here
-and only when asked for, so a machine without it runs everything else."""
+"""TensorRT (or TensorRT-RTX) through Polygraphy's `TrtRunner`.  The TensorRT
+modules are imported only here and only when asked for, so a machine without
+them runs everything else.
+
+Engines are made by the same loader chain as `msar-export build`
+(msar_export.build.loaders: strongly typed, no precision flags, TF32 off, the
+plugins loaded by LoadPlugins); Polygraphy only deserialises and runs them.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-from ..errors import InputError
+import numpy as np
+
+from ..errors import BackendUnavailable, InputError
 
 
 def tensorrt_unavailable() -> str | None:
-    """None when `import tensorrt` works, else the reason (used verbatim in reports)."""
-    try:
-        import tensorrt  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install raising OSError on its libraries
-        return f"import tensorrt failed: {type(e).__name__}: {e}"
-    return None
+    """None when a TensorRT engine can be built and run here (TensorRT or
+    TensorRT-RTX imports, and a GPU it runs on is present), else the reason (used
+    verbatim in reports)."""
+    from ..build.backends import backend_unavailable
+
+    backend = choose_backend()
+    if backend is None:
+        return backend_unavailable("tensorrt")
+    return engine_not_run_reason(None, None, backend)
+
+
+def choose_backend() -> str | None:
+    """The backend an in-memory check engine is built with: TensorRT, else TensorRT-RTX, else None."""
+    from ..build.backends import installed_backends
+
+    have = installed_backends()
+    return have[0] if have else None
+
+
+def engine_not_run_reason(engine_path, meta, backend: str | None = None) -> str | None:
+    """Why an engine (built, or about to be built) cannot run here; None when it can.
+
+    For a built engine the reason says it was built and checked against its
+    metadata, so `check --engine` reports in one line what it did and did not do."""
+    from ..build.backends import backend_unavailable, cannot_run_reason, get_backend
+
+    backend = backend or meta.builder.get("backend", "tensorrt")
+    label = get_backend(backend).label
+    why = backend_unavailable(backend) or cannot_run_reason(backend, meta.builder.get("compute_capabilities")
+                                                             if meta is not None else None)
+    if why is None:
+        return None
+    if engine_path is None:
+        return f"{label} cannot run an engine here: {why}"
+    return (f"engine {Path(engine_path).name} ({label} {meta.tensorrt_version}, {meta.dtype}, "
+            f"{meta.builder.get('plugin_layers', 0)} plugin layers) matches its build record; built, not run: {why}")
 
 
 def check_plugin_paths(plugins) -> list[str]:
@@ -27,29 +66,144 @@ def check_plugin_paths(plugins) -> list[str]:
     return paths
 
 
-def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str = "tensorrt"):
-    """TrtRunner over a serialised engine; plugin libraries are loaded before it is deserialised."""
-    from polygraphy.backend.trt import EngineFromPath, LoadPlugins, TrtRunner
+def polygraphy_trt(backend: str):
+    """polygraphy.backend.trt bound to the backend's module. Polygraphy picks
+    tensorrt or tensorrt_rtx once per process (when polygraphy.backend.trt is
+    first imported), so a process that already runs one cannot switch."""
+    from polygraphy import config
 
-    return TrtRunner(LoadPlugins(plugins=check_plugin_paths(plugins), obj=EngineFromPath(str(engine_path))), name=name)
+    want = backend == "tensorrt-rtx"
+    if "polygraphy.backend.trt" not in sys.modules:
+        config.USE_TENSORRT_RTX = want
+        os.environ["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if want else "0"
+    elif bool(config.USE_TENSORRT_RTX) != want:
+        raise BackendUnavailable(f"this process already runs Polygraphy with "
+                                 f"{'TensorRT-RTX' if config.USE_TENSORRT_RTX else 'TensorRT'}; run the {backend} "
+                                 "check in its own process")
+    import polygraphy.backend.trt as ptrt
+
+    return ptrt
+
+
+def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str = "tensorrt",
+                           backend: str = "tensorrt"):
+    """TrtRunner over a serialised engine; the plugin libraries are loaded (LoadPlugins:
+    static registration, else the registry's load_library) before it is deserialised."""
+    from ..build.backends import import_backend
+    from ..build.loaders import LoadPlugins
+
+    ptrt = polygraphy_trt(backend)
+    trt = import_backend(backend)
+    paths = check_plugin_paths(plugins)
+    load = LoadPlugins(trt, [Path(p) for p in paths], [])
+
+    def engine_bytes():
+        load()
+        return Path(engine_path).read_bytes()
+
+    return ptrt.TrtRunner(ptrt.EngineFromBytes(engine_bytes), name=name)
 
 
 def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], precision: str, max_shape: tuple[int, int],
-                         plugins=(), name: str = "tensorrt"):
-    """TrtRunner over an engine built in memory from the ONNX graph with `outputs`
-    marked (so every h_l can be compared), one profile from (1, 1) to `max_shape`.
+                         plugins=(), name: str = "tensorrt", backend: str | None = None):
+    """TrtRunner over an engine built in memory by build's loader chain, with
+    `outputs` marked (so every h_l can be compared) and one profile from (1, 1)
+    to `max_shape`.
 
-    TF32 stays off for float32 (Polygraphy's default), so the float32 preset applies."""
-    from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, LoadPlugins, ModifyNetworkOutputs,
-                                        NetworkFromOnnxBytes, Profile, TrtRunner)
-
+    `precision` only names the tolerance preset: the network is strongly typed,
+    so the engine computes in the ONNX file's precision, like the one `build`
+    ships. TF32 is off, so the float32 preset applies."""
+    from ..build.backends import import_backend
+    from ..build.loaders import CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnx, make_logger
     from ..build.onnx_info import read_onnx
+    from ..build.profiles import DimRange, input_profiles
 
-    profile = Profile().add("input_ids", min=(1, 1), opt=tuple(max_shape), max=tuple(max_shape))
-    config = CreateConfig(fp16=precision == "float16", bf16=precision == "bfloat16", tf32=False, profiles=[profile])
-    # The parser would import a node's local function before looking for a
-    # plugin, so it gets the graph without the msar function bodies (see
-    # msar_export.build.onnx_info); the plugins then implement every msar node.
-    network = ModifyNetworkOutputs(NetworkFromOnnxBytes(read_onnx(onnx_path).parser_bytes), outputs=list(outputs))
-    engine = EngineFromNetwork(network, config=config)
-    return TrtRunner(LoadPlugins(plugins=check_plugin_paths(plugins), obj=engine), name=name)
+    backend = backend or choose_backend() or "tensorrt"
+    ptrt = polygraphy_trt(backend)
+    trt = import_backend(backend)
+    info = read_onnx(onnx_path)
+    B, T = (int(v) for v in max_shape)
+    profiles = input_profiles(info.inputs, {"batch": DimRange(1, B, B), "seq": DimRange(1, T, T),
+                                            "past": DimRange(0, 0, 0)})
+    libs = [Path(p) for p in check_plugin_paths(plugins)]
+    logger = make_logger(trt, echo=lambda m: None)
+    network = NetworkFromOnnx(trt, info, logger, LoadPlugins(trt, libs, sorted(info.custom_ops)) if libs else None,
+                              outputs=list(outputs))
+    engine = EngineFromNetwork(network, CreateConfig(trt, profiles, tf32=False))
+    return ptrt.TrtRunner(ptrt.EngineFromBytes(lambda: engine().plan), name=name)
+
+
+class TrtDecoder:
+    """The decode graph's engine: prefill with an empty cache, then one token per
+    step, through the shared decode loop (msar_export.model.generate.decode_loop)
+    - the same contract as runtime.OrtDecoder.
+
+    The engine is checked against its build record (ONNX file, plugins, TensorRT
+    version) first; where it cannot run here, BackendUnavailable says in one line
+    that it was built and why it does not run. `runner`: anything with Polygraphy's
+    runner interface (context manager + infer(feed_dict)); default a TrtRunner."""
+
+    def __init__(self, engine_path, onnx_path, plugins=(), runner=None):
+        import onnx
+
+        from ..build.metadata import verify_engine_metadata
+        from ..config import MSARConfig
+        from ..errors import EngineError, OnnxModelError
+
+        self.meta = verify_engine_metadata(engine_path, onnx_path, check_plugin_paths(plugins))
+        if self.meta.builder.get("graph") != "decode":
+            raise EngineError(f"{Path(engine_path).name} was built from a {self.meta.builder.get('graph')} graph; "
+                              "generate needs an engine of a decode graph (export --decode, then build)")
+        if self.meta.dtype not in ("float32", "float16"):
+            raise EngineError(f"{Path(engine_path).name} is {self.meta.dtype}: its cache cannot be fed from numpy; "
+                              "build the float32 or float16 decode graph")
+        props = {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
+        if "msar.config" not in props:
+            raise OnnxModelError(f"{onnx_path}: no msar.config metadata; export it with `msar-export export`")
+        self.cfg = MSARConfig.from_json(props["msar.config"])
+        self.cache_dtype = np.float16 if self.meta.dtype == "float16" else np.float32
+        if runner is None:
+            why = engine_not_run_reason(engine_path, self.meta)
+            if why is not None:
+                raise BackendUnavailable(why)
+            runner = trt_runner_from_engine(engine_path, plugins, backend=self.meta.builder.get("backend", "tensorrt"))
+        self.runner = runner
+
+    def empty_cache(self, batch: int) -> dict:
+        c = self.cfg
+        feeds = {}
+        for k in range(c.n_blocks):
+            for part in ("key", "value"):
+                feeds[f"past_key_values.{k}.{part}"] = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), self.cache_dtype)
+        if c.residual == "msar":
+            feeds["past_conv_state"] = np.zeros((c.n_sublayers + 1, batch, c.kmax - 1, c.d_model), self.cache_dtype)
+        return feeds
+
+    def step(self, input_ids, attention_mask, position_ids, cache):
+        from ..build.metadata import check_input_shapes
+
+        feeds = {"input_ids": np.asarray(input_ids, np.int64), "attention_mask": np.asarray(attention_mask, np.int64),
+                 "position_ids": np.asarray(position_ids, np.int64), **cache}
+        check_input_shapes(self.meta, {k: tuple(v.shape) for k, v in feeds.items()})  # one line, before TensorRT
+        outs = {k: np.asarray(v.cpu() if hasattr(v, "cpu") else v) for k, v in self.runner.infer(feeds).items()}
+        new = {n.replace("present.", "past_key_values.").replace("present_conv", "past_conv"): v
+               for n, v in outs.items() if n != "logits"}
+        return outs["logits"], new
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+                 eos_token_id: int | None = None):
+        import torch
+
+        from ..model.generate import check_token_batch, decode_loop
+
+        ids = torch.as_tensor(input_ids)
+        mask = None if attention_mask is None else torch.as_tensor(attention_mask)
+        check_token_batch(ids, mask, self.cfg.vocab_size, self.cfg.max_seq_len, max_new_tokens)
+
+        def step(ids, mask, positions, cache):
+            return self.step(ids.numpy(), mask.numpy(), positions.numpy(), cache)
+
+        with self.runner:
+            return decode_loop(step, ids, mask, self.empty_cache(ids.shape[0]), max_new_tokens, do_sample,
+                               temperature, top_k, seed, eos_token_id)

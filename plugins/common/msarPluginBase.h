@@ -190,7 +190,7 @@ public:
                 fail(Op::kName, ": expects >= ", Op::kFixedInputs + 1, " inputs and 1 output, got ", nbInputs,
                     " and ", nbOutputs);
             }
-            checkTypes(Op::kName, inputTypes, nbInputs);
+            checkTypes(Op::kName, inputTypes, nbInputs); // the output has the inputs' one type
             outputTypes[0] = inputTypes[Op::kFixedInputs];
             return 0;
         });

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -116,6 +117,26 @@ inline bool typeCombinationOk(int32_t pos, DType const* types)
         return false;
     }
     return pos == 0 || types[pos] == types[0];
+}
+
+//! getOutputDataTypes / configurePlugin's type rule: every tensor (inputs, and
+//! the output when given) has a supported type, all the same one; the output
+//! has that type. Returns it; fails naming the first offending input.
+inline DType checkOpTypes(char const* op, DType const* types, int32_t nb)
+{
+    for (int32_t i = 0; i < nb; ++i)
+    {
+        if (!isSupported(types[i]))
+        {
+            fail(op, ": input ", i, " has an unsupported data type; use float32, float16 or bfloat16");
+        }
+        if (types[i] != types[0])
+        {
+            fail(op, ": all inputs must share one data type (input ", i, " is ", dtypeName(types[i]), ", input 0 is ",
+                dtypeName(types[0]), ")");
+        }
+    }
+    return nb > 0 ? types[0] : DType::kUNSUPPORTED;
 }
 
 // ---------------------------------------------------------------------------
@@ -430,8 +451,22 @@ inline bool known(int64_t v)
     return v >= 0;
 }
 
-//! `name` must have rank `rank`; returns false (and fails) otherwise.
-inline void expectRank(char const* op, char const* name, Shape const& s, int32_t rank)
+//! The name of variadic input `index` ("sources_3"), written only into an
+//! error message: onShapeChange runs per shape change and builds no string.
+struct InputName
+{
+    char const* base;
+    int32_t index;
+};
+
+inline std::ostream& operator<<(std::ostream& os, InputName const& n)
+{
+    return os << n.base << '_' << n.index;
+}
+
+//! `name` (char const* or InputName) must have rank `rank`; fails otherwise.
+template <typename Name>
+void expectRank(char const* op, Name const& name, Shape const& s, int32_t rank)
 {
     if (s.nbDims != rank)
     {
@@ -440,7 +475,8 @@ inline void expectRank(char const* op, char const* name, Shape const& s, int32_t
 }
 
 //! Check dimension `v` against `want` when both are known; -1 matches anything.
-inline void expectDim(char const* op, char const* name, Shape const& s, int32_t axis, int64_t want, char const* what)
+template <typename Name>
+void expectDim(char const* op, Name const& name, Shape const& s, int32_t axis, int64_t want, char const* what)
 {
     int64_t const v = s.d[axis];
     if (known(v) && known(want) && v != want)
@@ -449,7 +485,8 @@ inline void expectDim(char const* op, char const* name, Shape const& s, int32_t 
     }
 }
 
-inline void expectExact(char const* op, char const* name, Shape const& s, bool exact)
+template <typename Name>
+void expectExact(char const* op, Name const& name, Shape const& s, bool exact)
 {
     if (!exact)
     {
@@ -548,12 +585,12 @@ inline FusedMixerDims checkFusedMixerShapes(
     for (int32_t i = 0; i < r.n; ++i)
     {
         Shape const& x = in[kFusedMixerFixedInputs + i];
-        std::string const name = "sources_" + std::to_string(i);
-        expectRank(op, name.c_str(), x, 3);
-        expectDim(op, name.c_str(), x, 2, r.d, "d");
-        expectDim(op, name.c_str(), x, 0, r.batch, "the batch of sources_0");
-        expectDim(op, name.c_str(), x, 1, r.seq, "the sequence length of sources_0");
-        expectExact(op, name.c_str(), x, exact);
+        InputName const name{"sources", i};
+        expectRank(op, name, x, 3);
+        expectDim(op, name, x, 2, r.d, "d");
+        expectDim(op, name, x, 0, r.batch, "the batch of sources_0");
+        expectDim(op, name, x, 1, r.seq, "the sequence length of sources_0");
+        expectExact(op, name, x, exact);
         if (!known(r.batch))
         {
             r.batch = x.d[0];
@@ -604,13 +641,13 @@ inline DepthRetrievalDims checkDepthRetrievalShapes(Shape const* in, int32_t nbI
     for (int32_t i = 0; i < r.n; ++i)
     {
         Shape const& v = in[kDepthRetrievalFixedInputs + i];
-        std::string const name = "views_" + std::to_string(i);
-        expectRank(op, name.c_str(), v, 4);
-        expectDim(op, name.c_str(), v, 2, r.m, "m (query rows)");
-        expectDim(op, name.c_str(), v, 3, r.d, "d (query columns)");
-        expectDim(op, name.c_str(), v, 0, r.batch, "the batch of views_0");
-        expectDim(op, name.c_str(), v, 1, r.seq, "the sequence length of views_0");
-        expectExact(op, name.c_str(), v, exact);
+        InputName const name{"views", i};
+        expectRank(op, name, v, 4);
+        expectDim(op, name, v, 2, r.m, "m (query rows)");
+        expectDim(op, name, v, 3, r.d, "d (query columns)");
+        expectDim(op, name, v, 0, r.batch, "the batch of views_0");
+        expectDim(op, name, v, 1, r.seq, "the sequence length of views_0");
+        expectExact(op, name, v, exact);
         r.m = known(r.m) ? r.m : v.d[2];
         r.d = known(r.d) ? r.d : v.d[3];
         r.batch = known(r.batch) ? r.batch : v.d[0];

@@ -177,21 +177,15 @@ void fieldNames(FieldSpec const (&specs)[N], std::vector<nvinfer1::PluginField>&
     fc.fields = storage.data();
 }
 
-inline void checkTypes(char const* op, nvinfer1::DataType const* types, int32_t nb)
+//! The type rule of msarPluginLogic.h (checkOpTypes) on TensorRT data types.
+inline DType checkTypes(char const* op, nvinfer1::DataType const* types, int32_t nb)
 {
+    std::vector<DType> t;
     for (int32_t i = 0; i < nb; ++i)
     {
-        DType const t = toDType(types[i]);
-        if (!isSupported(t))
-        {
-            fail(op, ": input ", i, " has an unsupported data type; use float32, float16 or bfloat16");
-        }
-        if (types[i] != types[0])
-        {
-            fail(op, ": all inputs must share one data type (input ", i, " is ", dtypeName(t), ", input 0 is ",
-                dtypeName(toDType(types[0])), ")");
-        }
+        t.push_back(toDType(types[i]));
     }
+    return checkOpTypes(op, t.data(), nb);
 }
 
 } // namespace msar

@@ -68,12 +68,16 @@ void logError(char const* where, char const* what) noexcept
 
 } // namespace msar
 
+// The library's entry points stay visible when the build hides everything else
+// (TENSORRTAPI is empty outside TensorRT's own build).
+#define MSAR_PLUGIN_API __attribute__((visibility("default")))
+
 #if MSAR_STATIC_REGISTRATION
 REGISTER_TENSORRT_PLUGIN(FusedMixerPluginCreator);
 REGISTER_TENSORRT_PLUGIN(DepthRetrievalPluginCreator);
 #endif
 
-extern "C" TENSORRTAPI nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators)
+extern "C" MSAR_PLUGIN_API nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators)
 {
     static FusedMixerPluginCreator sFusedMixer;
     static DepthRetrievalPluginCreator sDepthRetrieval;
@@ -82,7 +86,7 @@ extern "C" TENSORRTAPI nvinfer1::IPluginCreatorInterface* const* getCreators(int
     return kCreators;
 }
 
-extern "C" TENSORRTAPI void setLoggerFinder(nvinfer1::ILoggerFinder* finder)
+extern "C" MSAR_PLUGIN_API void setLoggerFinder(nvinfer1::ILoggerFinder* finder)
 {
     msar::setLoggerFinder(finder);
 }

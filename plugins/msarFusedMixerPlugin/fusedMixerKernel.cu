@@ -405,6 +405,25 @@ int32_t launchMixer(MixerParams<T> p, SourceTable const& src, int64_t batch, cud
     return launchStatus();
 }
 
+} // namespace
+
+//! conv_weight [N, d, K] -> taps [n][K][d] float32 on `stream`.
+template <typename T>
+int32_t prepareTaps(void const* convWeight, int32_t n, int64_t d, int64_t K, void* taps, cudaStream_t stream)
+{
+    int64_t const total = static_cast<int64_t>(n) * K * d;
+    int64_t const threads = 256;
+    int64_t blocks = (total + threads - 1) / threads;
+    blocks = blocks > 4096 ? 4096 : blocks;
+    auto kernel = transposeTapsKernel<T>;
+    MSAR_LAUNCH(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream)(
+        static_cast<T const*>(convWeight), static_cast<float*>(taps), static_cast<int64_t>(n), d, K);
+    return launchStatus();
+}
+
+namespace
+{
+
 int64_t tapCount(int32_t const* ks, int32_t m)
 {
     int64_t K = 0;
@@ -467,7 +486,8 @@ int32_t fusedMixerForward(MsarFusedMixerArgs const& a, cudaStream_t stream)
         }
         src.ptr[i] = a.sources[i];
     }
-    size_t const need = msarFusedMixerWorkspaceSize(n, a.d, a.stream_kernels, m);
+    bool const prepared = a.prepared_taps != nullptr;
+    size_t const need = prepared ? 0 : msarFusedMixerWorkspaceSize(n, a.d, a.stream_kernels, m);
     if (need > 0 && (a.workspace == nullptr || a.workspace_size < need))
     {
         return MSAR_STATUS_WORKSPACE_TOO_SMALL;
@@ -476,7 +496,7 @@ int32_t fusedMixerForward(MsarFusedMixerArgs const& a, cudaStream_t stream)
     p.gateW = static_cast<T const*>(a.gate_weight);
     p.gateB = static_cast<T const*>(a.gate_bias);
     p.gateScale = static_cast<T const*>(a.gate_scale);
-    p.taps = static_cast<float const*>(a.workspace);
+    p.taps = static_cast<float const*>(prepared ? a.prepared_taps : a.workspace);
     p.out = static_cast<T*>(a.out);
     p.seq = a.seq;
     p.d = a.d;
@@ -484,17 +504,9 @@ int32_t fusedMixerForward(MsarFusedMixerArgs const& a, cudaStream_t stream)
     p.m = m;
     p.eps = a.eps;
 
-    if (p.K > 0)
+    if (p.K > 0 && !prepared)
     {
-        int64_t const total = static_cast<int64_t>(n) * p.K * a.d;
-        int64_t const threads = 256;
-        int64_t blocks = (total + threads - 1) / threads;
-        blocks = blocks > 4096 ? 4096 : blocks;
-        auto kernel = transposeTapsKernel<T>;
-        MSAR_LAUNCH(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream)(
-            static_cast<T const*>(a.conv_weight), static_cast<float*>(a.workspace), static_cast<int64_t>(n), a.d,
-            static_cast<int64_t>(p.K));
-        int32_t const st = launchStatus();
+        int32_t const st = kernels::prepareTaps<T>(a.conv_weight, n, a.d, p.K, a.workspace, stream);
         if (st != MSAR_STATUS_OK)
         {
             return st;
@@ -527,6 +539,33 @@ extern "C" size_t msarFusedMixerWorkspaceSize(
     int64_t const K = msar::kernels::tapCount(stream_kernels, n_streams);
     size_t const bytes = static_cast<size_t>(n_sources) * static_cast<size_t>(K) * static_cast<size_t>(d) * sizeof(float);
     return (bytes + 255) / 256 * 256;
+}
+
+extern "C" int32_t msarFusedMixerPrepareTaps(int32_t dtype, void const* conv_weight, int32_t n_sources, int64_t d,
+    int32_t const* stream_kernels, int32_t n_streams, void* taps, size_t taps_size, cudaStream_t stream)
+{
+    if (conv_weight == nullptr || taps == nullptr || n_sources < 1 || n_sources > MSAR_MAX_SOURCES || d < 1
+        || stream_kernels == nullptr || n_streams < 1 || n_streams > MSAR_MAX_STREAMS)
+    {
+        return MSAR_STATUS_INVALID_ARGUMENT;
+    }
+    if (taps_size < msarFusedMixerWorkspaceSize(n_sources, d, stream_kernels, n_streams))
+    {
+        return MSAR_STATUS_WORKSPACE_TOO_SMALL;
+    }
+    int64_t const K = msar::kernels::tapCount(stream_kernels, n_streams);
+    if (K == 0)
+    {
+        return MSAR_STATUS_OK;
+    }
+    switch (dtype)
+    {
+    case MSAR_DTYPE_FLOAT32: return msar::kernels::prepareTaps<float>(conv_weight, n_sources, d, K, taps, stream);
+    case MSAR_DTYPE_FLOAT16: return msar::kernels::prepareTaps<__half>(conv_weight, n_sources, d, K, taps, stream);
+    case MSAR_DTYPE_BFLOAT16:
+        return msar::kernels::prepareTaps<__nv_bfloat16>(conv_weight, n_sources, d, K, taps, stream);
+    default: return MSAR_STATUS_UNSUPPORTED;
+    }
 }
 
 extern "C" int32_t msarFusedMixerForward(int32_t dtype, MsarFusedMixerArgs const* args, cudaStream_t stream)

@@ -43,10 +43,17 @@ typedef struct MsarFusedMixerArgs
     void* out;                     /* [B, T, d] */
     void* workspace;               /* device scratch, >= msarFusedMixerWorkspaceSize bytes */
     size_t workspace_size;
+    void const* prepared_taps;     /* optional: the taps already in [n][K][d] float32 (msarFusedMixerPrepareTaps);
+                                      then nothing is transposed and no workspace is needed */
 } MsarFusedMixerArgs;
 
 /* Scratch bytes the launcher needs (the taps, transposed to [n][K][d] float32). */
 size_t msarFusedMixerWorkspaceSize(int32_t n_sources, int64_t d, int32_t const* stream_kernels, int32_t n_streams);
+
+/* Transpose conv_weight [N, d, K] (dtype) into `taps` [n][K][d] float32 (>= msarFusedMixerWorkspaceSize
+   bytes) on `stream`, once, for MsarFusedMixerArgs.prepared_taps; returns MSAR_STATUS_*. */
+int32_t msarFusedMixerPrepareTaps(int32_t dtype, void const* conv_weight, int32_t n_sources, int64_t d,
+    int32_t const* stream_kernels, int32_t n_streams, void* taps, size_t taps_size, cudaStream_t stream);
 
 /* Enqueue the kernel on `stream`; returns MSAR_STATUS_* (no synchronisation). */
 int32_t msarFusedMixerForward(int32_t dtype, MsarFusedMixerArgs const* args, cudaStream_t stream);

@@ -18,7 +18,9 @@
 #include "../common/msarPluginLogic.h"
 #include "../msarDepthRetrievalPlugin/depthRetrievalKernel.h"
 #include "../msarFusedMixerPlugin/fusedMixerKernel.h"
+#include "../msarFusedMixerPlugin/fusedMixerPlugin.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -211,6 +213,49 @@ std::unique_ptr<IPluginV3> createFusedMixer(std::vector<int32_t> const& ks, floa
     return std::unique_ptr<IPluginV3>(creatorNamed("FusedMixer")->createPlugin("node", &fc, TensorRTPhase::kBUILD));
 }
 
+//! Host memory (the kernels run emulated on the CPU), counted.
+class CountingAllocator : public IGpuAllocator
+{
+public:
+    int allocations{0};
+    int frees{0};
+
+    void* allocate(uint64_t const size, uint64_t const /*alignment*/, AllocatorFlags const /*flags*/) noexcept override
+    {
+        ++allocations;
+        return std::malloc(static_cast<size_t>(size));
+    }
+
+    bool deallocate(void* const memory) noexcept override
+    {
+        ++frees;
+        std::free(memory);
+        return true;
+    }
+};
+
+class FakeResourceContext : public IPluginResourceContext
+{
+public:
+    explicit FakeResourceContext(IGpuAllocator* allocator)
+        : mAllocator(allocator)
+    {
+    }
+
+    IGpuAllocator* getGpuAllocator() const noexcept override
+    {
+        return mAllocator;
+    }
+
+    IErrorRecorder* getErrorRecorder() const noexcept override
+    {
+        return nullptr;
+    }
+
+private:
+    IGpuAllocator* mAllocator;
+};
+
 void testFusedMixer(DataType type, int32_t dtypeCode)
 {
     std::vector<int32_t> const ks = {1, 3, 5};
@@ -375,6 +420,36 @@ void testFusedMixer(DataType type, int32_t dtypeCode)
         finite = finite && std::isfinite(v);
     }
     CHECK(finite);
+
+    // With a resource context: the taps are prepared once (one allocation from the
+    // context's allocator), reused by later enqueues with no workspace, made again
+    // only when conv_weight moves, and freed with the plugin.
+    {
+        CountingAllocator allocator;
+        FakeResourceContext resources(&allocator);
+        std::unique_ptr<IPluginV3> ctx2(rt2->attachToContext(&resources));
+        auto* run2 = capability<IPluginV3OneRuntime>(ctx2.get(), PluginCapabilityType::kRUNTIME);
+        CHECK(run2->onShapeChange(desc.data(), nbIn, &desc[nbIn], 1) == 0);
+        auto const* mixer = dynamic_cast<msar::FusedMixerPlugin const*>(ctx2.get());
+        CHECK(mixer != nullptr && mixer->preparedTaps() == nullptr);
+        for (int rep = 0; rep < 2; ++rep)
+        {
+            std::fill(buffers[nbIn].begin(), buffers[nbIn].end(), static_cast<unsigned char>(0));
+            CHECK(run2->enqueue(desc.data(), &desc[nbIn], inPtrs.data(), &outPtr, nullptr, nullptr) == 0);
+            CHECK(expect == buffers[nbIn]);
+        }
+        CHECK(allocator.allocations == 1 && mixer->preparedTaps() != nullptr);
+        std::vector<unsigned char> moved(buffers[4]); // conv_weight at another address
+        auto movedPtrs = inPtrs;
+        movedPtrs[4] = moved.data();
+        void const* before = mixer->preparedTaps();
+        std::fill(buffers[nbIn].begin(), buffers[nbIn].end(), static_cast<unsigned char>(0));
+        CHECK(run2->enqueue(desc.data(), &desc[nbIn], movedPtrs.data(), &outPtr, nullptr, nullptr) == 0);
+        CHECK(expect == buffers[nbIn]);
+        CHECK(allocator.allocations == 1 && mixer->preparedTaps() == before);
+        ctx2.reset();
+        CHECK(allocator.frees == 1);
+    }
 
     // Shape errors at run time are refused, not run.
     auto badDesc = desc;
