@@ -52,10 +52,19 @@ class FusedMixerPath(DepthPath):
         )
 
 
+class DecomposedPath(EagerDepthPath):
+    """`--decomposed` attnres / msar: the eager path in standard ops, its causal
+    convolutions as one ONNX Conv per stream."""
+
+    conv_op = True
+
+
 class RetrievalOpPath(EagerDepthPath):
     """attnres (prefill and decode) and msar decode: views are expanded once per
     source with standard ops (from the conv state when decoding), each mixer is
     a DepthRetrieval node, and msar's scalar gate fusion stays standard ops."""
+
+    conv_op = True
 
     def add_source(self, i, x):
         self.views.append(self.expand(i, x))  # no keys: the op normalises them itself

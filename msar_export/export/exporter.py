@@ -19,6 +19,7 @@ from ..errors import InputError
 from ..fileio import atomic_dir
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import depth_retrieval_function, fused_mixer_function
+from .optimize import optimize_model
 from .graphs import DecodeGraph, PrefillGraph, decode_io_names, dynamic_shapes, example_inputs
 
 TWO_GB = 2 * 1024**3
@@ -100,10 +101,11 @@ def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             module, example_inputs(model, opts.decode), dynamo=True, input_names=in_names, output_names=out_names,
-            dynamic_shapes=dynamic_shapes(model, opts.decode), opset_version=opts.opset, optimize=True,
+            dynamic_shapes=dynamic_shapes(model, opts.decode), opset_version=opts.opset, optimize=False,
             external_data=False,
         )
-    return program.model
+    # torch.onnx's own optimize step, less one rule whose matching is quadratic in depth.
+    return optimize_model(program.model)
 
 
 @contextlib.contextmanager

@@ -84,6 +84,8 @@ class EagerDepthPath(DepthPath):
     queries, its share of their gate logits) is computed once, when the source
     appears, in one matmul; a mixer then reads each earlier view only once."""
 
+    conv_op = False  # SourceExpansion's conv form (the export paths set True)
+
     def __init__(self, model, history, source_mask):
         super().__init__(model, history, source_mask)
         self.views: list[torch.Tensor] = []
@@ -98,7 +100,7 @@ class EagerDepthPath(DepthPath):
         x = self.masked(x)
         hist = self.history[i] if self.history is not None else None
         self.record_conv_state(i, x)
-        return m.sources[str(i)](x, hist)
+        return m.sources[str(i)](x, hist, conv_op=self.conv_op)
 
     def add_source(self, i, x):
         views = self.expand(i, x)

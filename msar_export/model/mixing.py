@@ -20,9 +20,14 @@ class SourceExpansion(nn.Module):
             {str(r): nn.Conv1d(d, d, k, groups=d, bias=False) for r, k in enumerate(conv_kernels, start=1)}
         )
 
-    def forward(self, x: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, history: torch.Tensor | None = None, conv_op: bool = False) -> torch.Tensor:
         """x (B,T,d) -> views (B,T,m,d) float32.  `history` (B,H,d) holds the H
-        positions before x (the convolution state); None means sequence start."""
+        positions before x (the convolution state); None means sequence start.
+
+        conv_op: one grouped conv1d per stream instead of k shifted
+        multiply-adds (the exporter's choice: 1 ONNX Conv instead of about 3k
+        nodes per stream, and faster in ONNX Runtime; eager training keeps
+        the shifted form, faster on CPU forward and backward)."""
         x = x.float()
         views = [x]
         for conv in self.conv.values():
@@ -31,7 +36,11 @@ class SourceExpansion(nn.Module):
                 window = F.pad(x, (0, 0, k - 1, 0))  # zeros before the sequence start
             else:
                 window = torch.cat([history.float()[:, history.shape[1] - (k - 1) :], x], dim=1)
-            views.append(causal_conv(window, conv.weight.float()))
+            if conv_op:
+                w = conv.weight.float()
+                views.append(F.conv1d(window.transpose(1, 2), w, groups=w.shape[0]).transpose(1, 2))
+            else:
+                views.append(causal_conv(window, conv.weight.float()))
         return torch.stack(views, dim=2)  # (B, T, m, d)
 
 
