@@ -52,13 +52,6 @@ class FusedMixerPath(DepthPath):
         )
 
 
-class DecomposedPath(EagerDepthPath):
-    """`--decomposed` attnres / msar: the eager path in standard ops, its causal
-    convolutions as one ONNX Conv per stream."""
-
-    conv_op = True
-
-
 class RetrievalOpPath(EagerDepthPath):
     """attnres (prefill and decode) and msar decode: views are expanded once per
     source with standard ops (from the conv state when decoding), each mixer is

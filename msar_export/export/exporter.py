@@ -91,7 +91,10 @@ def peak_rss_mb() -> float:
 def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
     """Run torch.onnx (dynamo) on the prefill or decode graph of `model`."""
     graph_cls = DecodeGraph if opts.decode else PrefillGraph
-    module = graph_cls(model, custom_ops=not opts.decomposed, fused=opts.mixer_op == "fused").eval()
+    # --decomposed traces the custom-op graph too and inlines the function bodies
+    # afterwards (inline_functions): torch.export then sees one node per mixer,
+    # not one group per (mixer, source) pair, which made its time quadratic in depth.
+    module = graph_cls(model, custom_ops=True, fused=opts.mixer_op == "fused").eval()
     if opts.decode:
         in_names, out_names = decode_io_names(model.cfg)
     else:
@@ -146,6 +149,17 @@ def attach_functions(model: ir.Model, cfg, opset: int) -> dict[str, int]:
         model.functions.clear()
         model.functions.update(ordered)
     return counts
+
+
+def inline_functions(model: ir.Model) -> None:
+    """`--decomposed`: replace every msar node by its function body (standard ops)."""
+    import onnx_ir.passes.common as common_passes
+
+    if not model.functions:
+        return
+    common_passes.InlinePass()(model)
+    model.functions.clear()
+    model.opset_imports.pop(DOMAIN, None)
 
 
 def name_dims(model: ir.Model) -> None:
@@ -242,6 +256,9 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) ->
         onnx_model = trace_to_ir(model, opts)
     del model
     counts = attach_functions(onnx_model, cfg, opts.opset)
+    if opts.decomposed:
+        inline_functions(onnx_model)
+        counts = {}
     name_dims(onnx_model)
     name_hidden_states(onnx_model, cfg.n_sublayers)
     describe(onnx_model, cfg, opts, source_name)

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from ..model.lm import DecodeCache
-from .custom_paths import DecomposedPath, FusedMixerPath, RetrievalOpPath, pack_conv_weights
+from .custom_paths import FusedMixerPath, RetrievalOpPath, pack_conv_weights
 
 
 def decode_io_names(cfg) -> tuple[list[str], list[str]]:
@@ -35,10 +35,8 @@ class _Graph(nn.Module):
             self.register_buffer("conv_bank", pack_conv_weights(model).detach().clone())
 
     def path_cls(self, prefill: bool):
-        if self.model.cfg.residual == "standard":
-            return None
         if not self.custom_ops:
-            return DecomposedPath
+            return None
         if prefill and self.fused and self.model.cfg.residual == "msar":
             return functools.partial(FusedMixerPath, conv_bank=self.conv_bank)
         return RetrievalOpPath

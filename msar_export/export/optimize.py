@@ -5,8 +5,8 @@ runs) with one rewrite rule left out: `SlicesSplit` (two Slices of one tensor
 that cover it -> one Split).  That rule has two output nodes, and onnxscript's
 matcher tries such a pattern by listing every node of the graph again for each
 candidate Slice, so its cost is (Slices x nodes) per pass: quadratic in depth
-for the decode graph and worse for `--decomposed`, whose causal convolutions
-are shifted slices (profiled: 27 of 59 s at 8 blocks, decode).  Leaving two
+for the decode graph, whose causal convolutions were shifted slices
+(profiled: 27 of 59 s at 8 blocks, decode).  Leaving two
 Slices where a Split could be changes nothing a runtime cares about.
 """
 
