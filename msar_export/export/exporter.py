@@ -268,7 +268,7 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) ->
     if validate:
         from .validate import validate_export
 
-        report.validation = validate_export(out, load().to(DTYPES[opts.dtype]).eval(), opts)
+        report.validation = validate_export(out, load().eval(), opts)  # judged against float64
     return report
 
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import MSARConfig
-from .layers import AttentionSublayer, MLPSublayer, RMSNorm, rotary_cos_sin
+from .layers import AttentionSublayer, MLPSublayer, RMSNorm, f32, rotary_cos_sin
 from .mixing import DepthMixer, SourceExpansion, mix_from_projections, source_projections
 
 
@@ -70,7 +70,7 @@ class ResidualSumPath(DepthPath):
     """`standard`: h_l = sum_{i<l} x_i, kept as a running sum."""
 
     def add_source(self, i, x):
-        self.total = x.float() if i == 0 else self.total + x.float()
+        self.total = f32(x) if i == 0 else self.total + f32(x)
 
     def mix(self, l):
         return self.total
@@ -96,7 +96,7 @@ class EagerDepthPath(DepthPath):
         """Source i -> its views (B, T, m, d) float32, recording the conv state."""
         m = self.model
         if m.cfg.residual == "attnres":
-            return x.float().unsqueeze(2)  # one identity stream
+            return f32(x).unsqueeze(2)  # one identity stream
         x = self.masked(x)
         hist = self.history[i] if self.history is not None else None
         self.record_conv_state(i, x)
@@ -183,7 +183,8 @@ class MSARLM(nn.Module):
         past = 0 if cache is None else cache.past_len
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
-        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)
+        compute = torch.float64 if self.dtype == torch.float64 else torch.float32
+        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, compute)
         bias = attention_bias(attention_mask, T, past, input_ids.device)
         source_mask = None if attention_mask is None else attention_mask[:, past:]
         path = self.depth_path(None if cache is None else cache.conv, source_mask, path_cls)
