@@ -157,6 +157,12 @@ def inline_functions(model: ir.Model) -> None:
 
     if not model.functions:
         return
+    # Every inlined node copies its call node's metadata; keep only the scopes
+    # (name_hidden_states reads them), not ~1 KB of fx_node / stack trace per node.
+    for node in model.graph:
+        if node.domain == DOMAIN:
+            for key in [k for k in node.metadata_props if k != "pkg.torch.onnx.name_scopes"]:
+                del node.metadata_props[key]
     common_passes.InlinePass()(model)
     model.functions.clear()
     model.opset_imports.pop(DOMAIN, None)
