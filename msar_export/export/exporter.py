@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import os
@@ -222,20 +223,56 @@ def describe(model: ir.Model, cfg, opts: ExportOptions, source_name: str) -> Non
     })
 
 
-def save_model(model: ir.Model, out: Path) -> int:
-    """Serialise deterministically and write atomically; external data over 2 GB."""
+def _write_streamed(model: ir.Model, path: Path, release: bool) -> int:
+    """Write `model` as one .onnx file without ever holding a serialised copy of
+    all its weights: first the model without initializers, then one
+    `ModelProto{graph{initializer: [t]}}` fragment per weight.  Protobuf merges
+    repeated occurrences of a message field, so every reader parses this as one
+    graph whose initializers come in this order (the file stays deterministic).
+    Holding the proto and SerializeToString's bytes made saving peak at about 3x
+    the weights on top of the model itself.  release: drop each weight from
+    `model` once written (the caller is done with it)."""
+    import onnx
+
+    inits = list(model.graph.initializers.values())
+    model.graph.initializers.clear()
+    try:
+        head = ir.serde.serialize_model(model).SerializeToString(deterministic=True)
+    finally:
+        for v in inits:
+            model.graph.initializers[v.name] = v
+    size = len(head)
+    with open(path, "wb") as f:
+        f.write(head)
+        del head
+        for v in inits:
+            tensor = ir.serde.serialize_tensor(v.const_value)
+            tensor.name = v.name  # the value's name; a lifted constant's tensor may still carry its old one
+            frag = onnx.ModelProto(graph=onnx.GraphProto(initializer=[tensor]))
+            del tensor
+            data = frag.SerializeToString(deterministic=True)
+            del frag
+            f.write(data)
+            size += len(data)
+            if release:
+                v.const_value = None
+    return size
+
+
+def save_model(model: ir.Model, out: Path, release: bool = False) -> int:
+    """Serialise deterministically and write atomically; external data over 2 GB.
+    release: drop `model`'s weights once serialised (the caller is done with it)."""
     import onnx
 
     big = sum(v.const_value.nbytes for v in model.graph.initializers.values()
               if v.const_value is not None) > EXTERNAL_DATA_ABOVE
-    proto = ir.serde.serialize_model(model)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not big:
-        data = proto.SerializeToString(deterministic=True)
         with atomic_dir(out.with_name(out.name + ".parts")) as tmp:
-            (tmp / out.name).write_bytes(data)
+            size = _write_streamed(model, tmp / out.name, release)
             os.replace(tmp / out.name, out)
-        return len(data)
+        return size
+    proto = ir.serde.serialize_model(model)
     data_name = out.name + ".data"
     with atomic_dir(out.with_name(out.name + ".parts")) as tmp:
         onnx.save_model(proto, str(tmp / out.name), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -268,7 +305,8 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) ->
     name_dims(onnx_model)
     name_hidden_states(onnx_model, cfg.n_sublayers)
     describe(onnx_model, cfg, opts, source_name)
-    size = save_model(onnx_model, out)
+    gc.collect()  # the exported program and its module hold references to the weights until collected
+    size = save_model(onnx_model, out, release=True)
     del onnx_model
     report = ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, peak_rss_mb())
     if validate:
