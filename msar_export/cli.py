@@ -83,6 +83,10 @@ def cmd_export(a) -> int:
     opts = ExportOptions(decode=a.decode, decomposed=a.decomposed, dtype=a.dtype, opset=a.opset, mixer_op=a.mixer_op)
     report = export_checkpoint(a.checkpoint, a.output, opts, trust_pickle=a.trust_pickle, validate=not a.no_validate)
     print(report.summary())
+    if report.validation is not None and not report.validation.passed:
+        print(f"msar-export export: validation failed ({'; '.join(report.validation.failures)}); "
+              f"{a.output} was written and kept", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -42,3 +42,27 @@ def test_mixer_microbenchmark_matches_eager_and_reports_the_floor():
     for r in res["rows"]:
         assert r["ort_vs_eager_rel_err"] <= 1e-5  # the FusedMixer function body computes the eager mixer
         assert 0 < r["floor_ms"] and r["eager_ms"] > 0 and r["ort_ms"] > 0
+
+
+def test_export_scaling_smoke_run_writes_json_and_chart(tmp_path):
+    from msar_export.bench.scaling import run_export_scaling, scaling_table, write_scaling
+
+    res = run_export_scaling(depths=(1, 3), widths=(16,), kinds=("default",), log=lambda *_: None)
+    write_scaling(res, tmp_path)
+    rows = json.loads((tmp_path / "export_scaling.json").read_text())["rows"]
+    assert [(r["n_blocks"], r["returncode"]) for r in rows] == [(1, 0), (3, 0)]
+    for r in rows:
+        assert r["export_s"] > 0 and r["peak_rss_mb"] > 0 and r["file_mb"] > 0
+        assert r["graph_nodes"] > 0 and r["function_nodes"] > 0
+    # Stacked function bodies: one overload per source count, each the same size.
+    assert rows[1]["function_nodes"] == 7 * rows[0]["function_nodes"] // 3
+    assert (tmp_path / "export_scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 16 | 3 | default |" in scaling_table(res)
+
+
+def test_readme_export_scaling_table_is_generated_from_the_checked_in_results():
+    from msar_export.bench.scaling import SCALING_BEGIN, SCALING_END, scaling_table
+
+    result = json.loads((REPO / "benchmarks" / "export_scaling.json").read_text())
+    block = (REPO / "README.md").read_text().split(SCALING_BEGIN, 1)[1].split(SCALING_END, 1)[0].strip()
+    assert block == scaling_table(result).strip()

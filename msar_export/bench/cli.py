@@ -11,6 +11,27 @@ def cmd_bench(a) -> int:
     from .report import markdown_table, update_readme
     from .run import QUICK, BenchSettings, run_bench, write_results
 
+    if a.export_scaling:
+        from ..errors import InputError
+        from .scaling import KIND_FLAGS, run_export_scaling, scaling_table, write_scaling
+
+        try:
+            depths = tuple(int(x) for x in a.depths.split(","))
+            widths = tuple(int(x) for x in a.widths.split(","))
+        except ValueError:
+            raise InputError(f"--depths/--widths take comma-separated integers, got {a.depths!r} / {a.widths!r}")
+        kinds = tuple(k.strip() for k in a.kinds.split(","))
+        if not set(kinds) <= set(KIND_FLAGS) or min(depths + widths) < 1:
+            raise InputError(f"--kinds must be from {list(KIND_FLAGS)} and depths/widths positive")
+        res = run_export_scaling(depths, widths, kinds, validate=a.validate)
+        write_scaling(res, Path(a.out))
+        print(scaling_table(res))
+        if a.update_readme:
+            from .scaling import update_readme_scaling
+
+            update_readme_scaling(Path(a.update_readme), res)
+        print(f"wrote {Path(a.out) / 'export_scaling.json'} and {Path(a.out) / 'export_scaling.png'}")
+        return 0 if all(r["returncode"] == 0 for r in res["rows"]) else 1
     if a.mixer:
         from ..fileio import atomic_write_text
         from .mixer import run_mixer_bench
@@ -48,4 +69,10 @@ def register(sub) -> None:
     b.add_argument("--update-readme", metavar="README", help="rewrite the README's bench table from this run")
     b.add_argument("--mixer", action="store_true",
                    help="only the mixer microbenchmark (eager vs the FusedMixer node in ORT, bytes-moved floor)")
+    b.add_argument("--export-scaling", action="store_true",
+                   help="only export time, peak RSS, node count and file size per graph kind vs depth (JSON + PNG)")
+    b.add_argument("--depths", default="4,8,16,24,48", help="--export-scaling: n_blocks values")
+    b.add_argument("--widths", default="128", help="--export-scaling: d_model values")
+    b.add_argument("--kinds", default="default,decomposed,decode", help="--export-scaling: graph kinds")
+    b.add_argument("--validate", action="store_true", help="--export-scaling: include export validation")
     b.set_defaults(func=cmd_bench)

@@ -14,6 +14,7 @@ from ..export.contracts import DOMAIN, DOMAIN_VERSION, FUSED_MIXER, PLUGIN_NAMES
 from ..export.functions import fused_mixer_function
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
+from ..verdict import rel_err
 from .timing import copy_bandwidth_gbs, interleaved
 
 KERNELS = (1, 4, 8, 12)
@@ -67,7 +68,7 @@ def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), t
                          **{f"x{i}": x.numpy() for i, x in enumerate(xs)}}
                 got = sess.run(["h"], feeds)[0]
                 ref = eager().numpy()
-                err = float(np.abs(got - ref).max() / np.abs(ref).max())
+                err = rel_err(got, ref)
                 t = interleaved({"eager": eager, "ort": lambda: sess.run(["h"], feeds)}, 1, repeats)
                 floor_ms = (n + 1) * T * d * 4 / (bw * 1e9) * 1e3
                 rows.append({"sources": n, "d_model": d, "tokens": T, "eager_ms": round(t["eager"].median_s * 1e3, 3),

@@ -61,6 +61,8 @@ class RetrievalOpPath(EagerDepthPath):
     source with standard ops (from the conv state when decoding), each mixer is
     a DepthRetrieval node, and msar's scalar gate fusion stays standard ops."""
 
+    conv_op = True
+
     def add_source(self, i, x):
         self.views.append(self.expand(i, x))  # no keys: the op normalises them itself
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import os
@@ -19,6 +20,7 @@ from ..errors import InputError
 from ..fileio import check_output_file, os_errors_as_output_errors, scratch_dir_beside
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import depth_retrieval_function, fused_mixer_function
+from .optimize import optimize_model
 from .graphs import DecodeGraph, PrefillGraph, decode_io_names, dynamic_shapes, example_inputs
 
 TWO_GB = 2 * 1024**3
@@ -90,7 +92,10 @@ def peak_rss_mb() -> float:
 def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
     """Run torch.onnx (dynamo) on the prefill or decode graph of `model`."""
     graph_cls = DecodeGraph if opts.decode else PrefillGraph
-    module = graph_cls(model, custom_ops=not opts.decomposed, fused=opts.mixer_op == "fused").eval()
+    # --decomposed traces the custom-op graph too and inlines the function bodies
+    # afterwards (inline_functions): torch.export then sees one node per mixer,
+    # not one group per (mixer, source) pair, which made its time quadratic in depth.
+    module = graph_cls(model, custom_ops=True, fused=opts.mixer_op == "fused").eval()
     if opts.decode:
         in_names, out_names = decode_io_names(model.cfg)
     else:
@@ -100,10 +105,11 @@ def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             module, example_inputs(model, opts.decode), dynamo=True, input_names=in_names, output_names=out_names,
-            dynamic_shapes=dynamic_shapes(model, opts.decode), opset_version=opts.opset, optimize=True,
+            dynamic_shapes=dynamic_shapes(model, opts.decode), opset_version=opts.opset, optimize=False,
             external_data=False,
         )
-    return program.model
+    # torch.onnx's own optimize step, less one rule whose matching is quadratic in depth.
+    return optimize_model(program.model)
 
 
 @contextlib.contextmanager
@@ -144,6 +150,23 @@ def attach_functions(model: ir.Model, cfg, opset: int) -> dict[str, int]:
         model.functions.clear()
         model.functions.update(ordered)
     return counts
+
+
+def inline_functions(model: ir.Model) -> None:
+    """`--decomposed`: replace every msar node by its function body (standard ops)."""
+    import onnx_ir.passes.common as common_passes
+
+    if not model.functions:
+        return
+    # Every inlined node copies its call node's metadata; keep only the scopes
+    # (name_hidden_states reads them), not ~1 KB of fx_node / stack trace per node.
+    for node in model.graph:
+        if node.domain == DOMAIN:
+            for key in [k for k in node.metadata_props if k != "pkg.torch.onnx.name_scopes"]:
+                del node.metadata_props[key]
+    common_passes.InlinePass()(model)
+    model.functions.clear()
+    model.opset_imports.pop(DOMAIN, None)
 
 
 def name_dims(model: ir.Model) -> None:
@@ -200,21 +223,57 @@ def describe(model: ir.Model, cfg, opts: ExportOptions, source_name: str) -> Non
     })
 
 
-def save_model(model: ir.Model, out: Path) -> int:
-    """Serialise deterministically and write atomically; external data over 2 GB."""
+def _write_streamed(model: ir.Model, path: Path, release: bool) -> int:
+    """Write `model` as one .onnx file without ever holding a serialised copy of
+    all its weights: first the model without initializers, then one
+    `ModelProto{graph{initializer: [t]}}` fragment per weight.  Protobuf merges
+    repeated occurrences of a message field, so every reader parses this as one
+    graph whose initializers come in this order (the file stays deterministic).
+    Holding the proto and SerializeToString's bytes made saving peak at about 3x
+    the weights on top of the model itself.  release: drop each weight from
+    `model` once written (the caller is done with it)."""
+    import onnx
+
+    inits = list(model.graph.initializers.values())
+    model.graph.initializers.clear()
+    try:
+        head = ir.serde.serialize_model(model).SerializeToString(deterministic=True)
+    finally:
+        for v in inits:
+            model.graph.initializers[v.name] = v
+    size = len(head)
+    with open(path, "wb") as f:
+        f.write(head)
+        del head
+        for v in inits:
+            tensor = ir.serde.serialize_tensor(v.const_value)
+            tensor.name = v.name  # the value's name; a lifted constant's tensor may still carry its old one
+            frag = onnx.ModelProto(graph=onnx.GraphProto(initializer=[tensor]))
+            del tensor
+            data = frag.SerializeToString(deterministic=True)
+            del frag
+            f.write(data)
+            size += len(data)
+            if release:
+                v.const_value = None
+    return size
+
+
+def save_model(model: ir.Model, out: Path, release: bool = False) -> int:
+    """Serialise deterministically and write atomically; external data over 2 GB.
+    release: drop `model`'s weights once serialised (the caller is done with it)."""
     import onnx
 
     big = sum(v.const_value.nbytes for v in model.graph.initializers.values()
               if v.const_value is not None) > EXTERNAL_DATA_ABOVE
-    proto = ir.serde.serialize_model(model)
     data_name = out.name + ".data"
     with scratch_dir_beside(out) as tmp, os_errors_as_output_errors(out):
         if not big:
-            data = proto.SerializeToString(deterministic=True)
-            (tmp / out.name).write_bytes(data)
+            size = _write_streamed(model, tmp / out.name, release)
             check_output_file(out)
             os.replace(tmp / out.name, out)
-            return len(data)
+            return size
+        proto = ir.serde.serialize_model(model)
         onnx.save_model(proto, str(tmp / out.name), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data_name, size_threshold=1024)
         check_output_file(out)
@@ -241,16 +300,20 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) ->
         onnx_model = trace_to_ir(model, opts)
     del model
     counts = attach_functions(onnx_model, cfg, opts.opset)
+    if opts.decomposed:
+        inline_functions(onnx_model)
+        counts = {}
     name_dims(onnx_model)
     name_hidden_states(onnx_model, cfg.n_sublayers)
     describe(onnx_model, cfg, opts, source_name)
-    size = save_model(onnx_model, out)
+    gc.collect()  # the exported program and its module hold references to the weights until collected
+    size = save_model(onnx_model, out, release=True)
     del onnx_model
     report = ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, peak_rss_mb())
     if validate:
         from .validate import validate_export
 
-        report.validation = validate_export(out, load().to(DTYPES[opts.dtype]).eval(), opts)
+        report.validation = validate_export(out, load().eval(), opts)  # judged against float64
     return report
 
 

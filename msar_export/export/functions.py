@@ -4,6 +4,13 @@ ONNX Runtime runs a file that holds `msar::*` nodes unchanged.
 Bodies are generated per number of sources (the op is variadic, an ONNX
 function's input list is not) and registered as overloads `n{count}` of one
 function name.  Everything runs in float32 and is cast back to the input type.
+
+A body has the same nodes whatever the number of sources n: the n variadic
+inputs enter one Concat and everything after it works on the stacked tensor.
+Bodies with one group of nodes per source made the functions of an
+L-sublayer model O(L^2) nodes in all (31k at 16 blocks), paid for again by
+the checker, shape inference and ONNX Runtime's inliner; stacked, they are
+O(L) nodes (only the Concat inputs stay O(L^2)).
 """
 
 from __future__ import annotations
@@ -39,33 +46,6 @@ class _Body:
         return self.tape.op("Constant", [], attributes={"value_float": ir.RefAttr("value_float", attr_name, ir.AttributeType.FLOAT)})
 
 
-def _retrieve(b: _Body, query, views, eps):
-    """views: list of float32 (B,T,m,d) -> z (B,T,m,d): the contract's retrieval.
-
-    Per source: s = (q . v) / rms(v); the softmax over depth runs on the small
-    (n,B,T,m) score tensor; z is a running sum, so no view is copied into a
-    stacked tensor (that copy is quadratic in depth and dominated ORT's time)."""
-    scores = []
-    for v in views:
-        ms = b.ReduceMean(b.Mul(v, v), b.ints([-1]), keepdims=0)  # (B, T, m)
-        qv = b.ReduceSum(b.Mul(v, query), b.ints([-1]), keepdims=0)
-        scores.append(b.Unsqueeze(b.Div(qv, b.Sqrt(b.Add(ms, eps))), b.ints([0])))
-    alpha = b.Softmax(b.Concat(*scores, axis=0), axis=0)  # (n, B, T, m): each stream over depth
-    z = None
-    for i, v in enumerate(views):
-        term = b.Mul(b.Unsqueeze(b.Gather(alpha, b.int_(i), axis=0), b.ints([-1])), v)
-        z = term if z is None else b.Add(z, term)
-    return z
-
-
-def _causal_conv(b: _Body, xt, taps, offset: int, k: int, d: int):
-    """xt (B,d,T) float32, taps (d,K) -> stream view (B,T,d): a depthwise Conv
-    over the k taps taps[:, offset:offset+k] (Conv1d order), left-padded by k-1."""
-    w = b.Unsqueeze(b.Slice(taps, b.ints([offset]), b.ints([offset + k]), b.ints([1])), b.ints([1]))  # (d, 1, k)
-    y = b.Conv(xt, w, group=d, kernel_shape=[k], pads=[k - 1, 0])  # zeros before the sequence start
-    return b.Transpose(y, perm=[0, 2, 1])
-
-
 def _inputs(names):
     return [ir.Value(name=n) for n in names]
 
@@ -82,10 +62,19 @@ def _common_attrs(eps: float):
 
 
 def depth_retrieval_function(n: int, eps: float, opset: int) -> ir.Function:
+    """views_i (B,T,m,d) stacked to (B,T,n,m,d); per stream s = (q . v) / rms(v),
+    softmax over the n sources, z = sum_i alpha_i v_i."""
     ins = _inputs(["query"] + [f"views_{i}" for i in range(n)])
     b = _Body()
-    query = b.Cast(ins[0], to=FLOAT)
-    z = _retrieve(b, query, [b.Cast(v, to=FLOAT) for v in ins[1:]], b.ref_float("eps"))
+    query = b.Cast(ins[0], to=FLOAT)  # (m, d)
+    stacked = b.Concat(*ins[1:], axis=2)  # (B, T, n*m, d)
+    shape = b.Shape(ins[1])  # B, T, m, d
+    five = b.Concat(b.Slice(shape, b.ints([0]), b.ints([2])), b.ints([n]), b.Slice(shape, b.ints([2]), b.ints([4])), axis=0)
+    V = b.Cast(b.Reshape(stacked, five), to=FLOAT)  # (B, T, n, m, d)
+    qv = b.ReduceSum(b.Mul(V, query), b.ints([-1]), keepdims=0)  # (B, T, n, m)
+    ms = b.ReduceMean(b.Mul(V, V), b.ints([-1]), keepdims=0)
+    alpha = b.Softmax(b.Div(qv, b.Sqrt(b.Add(ms, b.ref_float("eps")))), axis=2)  # each stream over depth
+    z = b.ReduceSum(b.Mul(b.Unsqueeze(alpha, b.ints([-1])), V), b.ints([2]), keepdims=0)  # (B, T, m, d)
     out = b.CastLike(z, ins[1])
     out.name = "z"
     return _function(DEPTH_RETRIEVAL, n, ins, [out], b, _common_attrs(eps), opset)
@@ -93,27 +82,46 @@ def depth_retrieval_function(n: int, eps: float, opset: int) -> ir.Function:
 
 def fused_mixer_function(n: int, stream_kernels: list[int], eps: float, d: int, opset: int) -> ir.Function:
     """Body for `n` sources of width `d` (Conv's `group` is static); kernels and
-    width are fixed for a model, so one overload per source count suffices."""
+    width are fixed for a model, so one overload per source count suffices.
+
+    Channels first throughout: the sources stack to X (B, n*d, T), each conv
+    stream is one depthwise Conv over all n sources at once (group n*d, taps
+    conv_weight[:n]), and stream r's views V_r (B, n, d, T) are scored with
+    one MatMul against q^(r); z^(r) = sum_i alpha_i V_r[:, i]; the gate
+    logits are sum_r W[:, r-th d-block] @ z^(r)."""
     ins = _inputs(["query", "gate_weight", "gate_bias", "gate_scale", "conv_weight"] + [f"sources_{i}" for i in range(n)])
     query_in, gw_in, gb_in, gs_in, conv_in, *sources = ins
     b = _Body()
-    conv = b.Cast(conv_in, to=FLOAT)
-    views = []
-    for i, x in enumerate(sources):
-        xf = b.Cast(x, to=FLOAT)
-        taps = b.Gather(conv, b.int_(i), axis=0)  # (d, K): source i's taps
-        xt = b.Transpose(xf, perm=[0, 2, 1])  # (B, d, T), channels first for Conv
-        streams, offset = [xf], 0
-        for k in stream_kernels[1:]:
-            streams.append(_causal_conv(b, xt, taps, offset, k, d))
-            offset += k
-        views.append(b.Concat(*[b.Unsqueeze(s, b.ints([2])) for s in streams], axis=2))  # (B, T, m, d)
-    z = _retrieve(b, b.Cast(query_in, to=FLOAT), views, b.ref_float("eps"))
-    flat = b.Reshape(z, b.ints([0, 0, -1]))  # streams in order [z0, z1, ...]
-    logits = b.MatMul(flat, b.Transpose(b.Cast(gw_in, to=FLOAT), perm=[1, 0]))  # (B, T, m)
-    gates = b.Sigmoid(b.Add(b.Mul(logits, b.Cast(gs_in, to=FLOAT)), b.Cast(gb_in, to=FLOAT)))
-    h = b.ReduceSum(b.Mul(b.Unsqueeze(gates, b.ints([-1])), z), b.ints([2]), keepdims=0)
-    out = b.CastLike(h, sources[0])
+    m = len(stream_kernels)
+    X = b.Transpose(b.Cast(b.Concat(*sources, axis=2), to=FLOAT), perm=[0, 2, 1])  # (B, n*d, T)
+    conv = b.Cast(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), to=FLOAT)  # (n, d, K)
+    query = b.Cast(query_in, to=FLOAT)  # (m, d)
+    gw = b.Cast(gw_in, to=FLOAT)  # (m, m*d)
+    eps_v = b.ref_float("eps")
+    by_source = b.ints([0, n, d, -1])  # (B, n*d, T) -> (B, n, d, T)
+    streams, offset = [X], 0
+    for k in stream_kernels[1:]:
+        w = b.Reshape(b.Slice(conv, b.ints([offset]), b.ints([offset + k]), b.ints([2])), b.ints([n * d, 1, k]))
+        streams.append(b.Conv(X, w, group=n * d, kernel_shape=[k], pads=[k - 1, 0]))  # zeros before t = 0
+        offset += k
+    zs, logits = [], []
+    for r, Y in enumerate(streams):
+        V = b.Reshape(Y, by_source)  # (B, n, d, T)
+        q = b.Slice(query, b.ints([r]), b.ints([r + 1]), b.ints([0]))  # (1, d)
+        qv = b.MatMul(q, V)  # (B, n, 1, T)
+        ms = b.ReduceMean(b.Mul(V, V), b.ints([2]), keepdims=1)  # (B, n, 1, T)
+        alpha = b.Softmax(b.Div(qv, b.Sqrt(b.Add(ms, eps_v))), axis=1)  # over the n sources
+        z = b.ReduceSum(b.Mul(alpha, V), b.ints([1]), keepdims=0)  # (B, d, T)
+        zs.append(z)
+        logits.append(b.MatMul(b.Slice(gw, b.ints([r * d]), b.ints([(r + 1) * d]), b.ints([1])), z))  # (B, m, T)
+    total = logits[0] if m == 1 else b.Sum(*logits)
+    bias = b.Unsqueeze(b.Cast(gb_in, to=FLOAT), b.ints([1]))  # (m, 1)
+    gates = b.Sigmoid(b.Add(b.Mul(total, b.Cast(gs_in, to=FLOAT)), bias))  # (B, m, T)
+    h = None
+    for r, z in enumerate(zs):
+        term = b.Mul(b.Slice(gates, b.ints([r]), b.ints([r + 1]), b.ints([1])), z)
+        h = term if h is None else b.Add(h, term)
+    out = b.CastLike(b.Transpose(h, perm=[0, 2, 1]), sources[0])
     out.name = "h"
     attrs = _common_attrs(eps) + [ir.Attr("stream_kernels", ir.AttributeType.INTS, list(stream_kernels))]
     return _function(FUSED_MIXER, n, ins, [out], b, attrs, opset)

@@ -1,6 +1,7 @@
 """Validation right after export (like Optimum's validate step): the ONNX
-checker, strict shape inference, and ONNX Runtime against the eager model at
-shapes other than the ones the graph was traced at."""
+checker, strict shape inference, and ONNX Runtime against the eager model in
+float64 at shapes other than the ones the graph was traced at, judged by the
+tolerance model of `msar_export.verdict`."""
 
 from __future__ import annotations
 
@@ -11,19 +12,12 @@ import numpy as np
 import torch
 
 from ..errors import first_line
-
-# Max abs error over max abs logit, ORT vs eager in the same dtype.  fp32: both
-# sides are float32 implementations of one graph, ~1e-6 apart in practice; the
-# project's acceptance bar is 1e-5.  fp16: one fp16 rounding of every stored
-# activation (2^-11 ~ 5e-4) compounded over the depth of the model.
-TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
-
+from ..verdict import Verdict, judge, rel_err  # noqa: F401  (rel_err: the one metric, re-exported)
 
 @dataclass
 class ValidationResult:
     checks: list[str] = field(default_factory=list)
-    max_rel_err: float | None = None
-    tolerance: float = 0.0
+    verdict: Verdict | None = None
     shapes: str = ""
     failures: list[str] = field(default_factory=list)
     skipped: str = ""
@@ -32,22 +26,20 @@ class ValidationResult:
     def passed(self) -> bool:
         return not self.failures
 
+    @property
+    def max_rel_err(self) -> float | None:
+        """ORT vs the float64 eager model (msar_export.verdict's metric)."""
+        return None if self.verdict is None else self.verdict.error
+
     def summary(self) -> str:
         head = "validation: " + ("PASS" if self.passed else "FAIL")
         parts = [", ".join(self.checks)]
-        if self.max_rel_err is not None:
-            parts.append(f"ORT vs eager max|err|/max|ref| = {self.max_rel_err:.2e} (tol {self.tolerance:.0e}) at {self.shapes}")
+        if self.verdict is not None:
+            parts.append(f"logits at {self.shapes}: {self.verdict.describe('ORT')}")
         if self.skipped:
             parts.append(f"ORT run skipped: {self.skipped}")
         parts += [f"failed: {f}" for f in self.failures]
         return head + " - " + "; ".join(p for p in parts if p)
-
-
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    if not np.isfinite(got).all():
-        return float("inf")
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
 def _static_checks(path: Path, res: ValidationResult) -> None:
@@ -70,24 +62,33 @@ def _static_checks(path: Path, res: ValidationResult) -> None:
         res.failures.append(f"shape inference: {first_line(e)}")
 
 
-def _eager_reference(model, ids: torch.Tensor) -> np.ndarray:
+def _eager_logits(model, ids: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """The eager model's logits with its weights in `dtype` (converted in place)."""
+    model.to(dtype)
     with torch.no_grad():
-        return model(ids).float().numpy()
+        return model(ids).to(torch.float64 if dtype == torch.float64 else torch.float32).numpy()
 
 
 def validate_export(path: Path, model, opts, batch: int = 3, seq: int | None = None) -> ValidationResult:
-    """Check the file at `path` against `model` (already in the export dtype)."""
-    res = ValidationResult(tolerance=TOLERANCE[opts.dtype])
+    """Check the file at `path` against `model` (the checkpoint's weights, any dtype;
+    converted in place and left in the export dtype): ORT's logits against the
+    eager model in float64, judged by msar_export.verdict against the eager
+    model's own error at the export precision."""
+    from .exporter import DTYPES
+
+    res = ValidationResult()
     _static_checks(path, res)
     cfg = model.cfg
     seq = seq or max(19, cfg.kmax + 7)  # traced at (2, 5); cover the widest conv window
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(7))
     if opts.dtype == "bfloat16":
+        model.to(DTYPES[opts.dtype])
         res.skipped = "ONNX Runtime's CPU provider has no bfloat16 kernels for this graph and numpy cannot feed bf16 caches"
         return res
     from ..runtime import OrtDecoder, OrtModel
 
-    ref = _eager_reference(model, ids)
+    ref64 = _eager_logits(model, ids, torch.float64)  # first: float64 of the stored weights, not of rounded ones
+    eager_p = _eager_logits(model, ids, DTYPES[opts.dtype])
     if opts.decode:
         dec = OrtDecoder(path, threads=2)
         split = seq - 4  # prefill, then single-token steps
@@ -104,7 +105,8 @@ def validate_export(path: Path, model, opts, batch: int = 3, seq: int | None = N
     else:
         got = OrtModel(path, threads=2).session.run(["logits"], {"input_ids": ids.numpy()})[0]
         res.shapes = f"input_ids {batch}x{seq}"
-    res.max_rel_err = rel_err(got, ref)
-    if not res.max_rel_err <= res.tolerance:
-        res.failures.append(f"ORT vs eager error {res.max_rel_err:.2e} exceeds {res.tolerance:.0e}")
+    res.verdict = judge(got, eager_p, ref64, opts.dtype)
+    if not res.verdict.passed:
+        res.failures.append(f"ORT's error against float64 {res.verdict.error:.2e} exceeds the bound "
+                            f"{res.verdict.bound:.2e} (eager {opts.dtype} is {res.verdict.eager_error:.2e} away)")
     return res

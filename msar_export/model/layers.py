@@ -9,9 +9,16 @@ import torch.nn.functional as F
 from ..config import MSARConfig
 
 
+def f32(x: torch.Tensor) -> torch.Tensor:
+    """x in the compute precision: float32, or float64 when the model runs in
+    float64 (the reference every backend is judged against).  A no-op for
+    float32 tensors, so the traced graph has no Cast node for it either."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """Parameter-free RMSNorm in float32: x / sqrt(mean(x^2) + eps)."""
-    x = x.float()
+    x = f32(x)
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
 
 
@@ -22,14 +29,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (rms_normalize(x, self.eps) * self.weight.float()).to(x.dtype)
+        return (rms_normalize(x, self.eps) * f32(self.weight)).to(x.dtype)
 
 
-def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, 1, T, head_dim) for the rotate-half convention, float32."""
-    j = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32)
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
+                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (B, 1, T, head_dim) for the rotate-half convention, in `dtype` (float32 or float64)."""
+    j = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=dtype)
     inv_freq = theta ** (-j / head_dim)  # (hd/2,)
-    angles = position_ids.float()[..., None] * inv_freq  # (B, T, hd/2)
+    angles = position_ids.to(dtype)[..., None] * inv_freq  # (B, T, hd/2)
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, hd)
     return angles.cos(), angles.sin()
 
@@ -59,16 +67,16 @@ class AttentionSublayer(nn.Module):
         q = self.wq(x).view(B, T, self.H, self.hd).transpose(1, 2)  # (B, H, T, hd)
         k = self.wk(x).view(B, T, self.Hkv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
         v = self.wv(x).view(B, T, self.Hkv, self.hd).transpose(1, 2)
-        q = apply_rotary(q.float(), cos, sin)
-        k = apply_rotary(k.float(), cos, sin).to(x.dtype)
+        q = apply_rotary(f32(q), cos, sin)
+        k = apply_rotary(f32(k), cos, sin).to(x.dtype)
         if past_k is not None:
             k = torch.cat([past_k, k], dim=2)  # (B, Hkv, S, hd)
             v = torch.cat([past_v, v], dim=2)
         G = self.H // self.Hkv
         qg = q.view(B, self.Hkv, G, T, self.hd)  # query heads grouped by their kv head
-        scores = qg @ k.float()[:, :, None].transpose(-1, -2) * self.hd**-0.5  # (B, Hkv, G, T, S)
+        scores = qg @ f32(k)[:, :, None].transpose(-1, -2) * self.hd**-0.5  # (B, Hkv, G, T, S)
         probs = torch.softmax(scores + bias[:, :, None], dim=-1)
-        out = (probs @ v.float()[:, :, None]).reshape(B, self.H, T, self.hd)
+        out = (probs @ f32(v)[:, :, None]).reshape(B, self.H, T, self.hd)
         out = out.transpose(1, 2).reshape(B, T, self.H * self.hd).to(x.dtype)
         return self.wo(out), (k, v)
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import MSARConfig
-from .layers import AttentionSublayer, MLPSublayer, RMSNorm, rotary_cos_sin
+from .layers import AttentionSublayer, MLPSublayer, RMSNorm, f32, rotary_cos_sin
 from .mixing import DepthMixer, SourceExpansion, mix_from_projections, source_projections
 
 
@@ -70,7 +70,7 @@ class ResidualSumPath(DepthPath):
     """`standard`: h_l = sum_{i<l} x_i, kept as a running sum."""
 
     def add_source(self, i, x):
-        self.total = x.float() if i == 0 else self.total + x.float()
+        self.total = f32(x) if i == 0 else self.total + f32(x)
 
     def mix(self, l):
         return self.total
@@ -84,6 +84,8 @@ class EagerDepthPath(DepthPath):
     queries, its share of their gate logits) is computed once, when the source
     appears, in one matmul; a mixer then reads each earlier view only once."""
 
+    conv_op = False  # SourceExpansion's conv form (the export paths set True)
+
     def __init__(self, model, history, source_mask):
         super().__init__(model, history, source_mask)
         self.views: list[torch.Tensor] = []
@@ -94,11 +96,11 @@ class EagerDepthPath(DepthPath):
         """Source i -> its views (B, T, m, d) float32, recording the conv state."""
         m = self.model
         if m.cfg.residual == "attnres":
-            return x.float().unsqueeze(2)  # one identity stream
+            return f32(x).unsqueeze(2)  # one identity stream
         x = self.masked(x)
         hist = self.history[i] if self.history is not None else None
         self.record_conv_state(i, x)
-        return m.sources[str(i)](x, hist)
+        return m.sources[str(i)](x, hist, conv_op=self.conv_op)
 
     def add_source(self, i, x):
         views = self.expand(i, x)
@@ -181,7 +183,8 @@ class MSARLM(nn.Module):
         past = 0 if cache is None else cache.past_len
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
-        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)
+        compute = torch.float64 if self.dtype == torch.float64 else torch.float32
+        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, compute)
         bias = attention_bias(attention_mask, T, past, input_ids.device)
         source_mask = None if attention_mask is None else attention_mask[:, past:]
         path = self.depth_path(None if cache is None else cache.conv, source_mask, path_cls)

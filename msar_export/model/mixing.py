@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .layers import f32
+
 
 
 class SourceExpansion(nn.Module):
@@ -20,18 +22,27 @@ class SourceExpansion(nn.Module):
             {str(r): nn.Conv1d(d, d, k, groups=d, bias=False) for r, k in enumerate(conv_kernels, start=1)}
         )
 
-    def forward(self, x: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, history: torch.Tensor | None = None, conv_op: bool = False) -> torch.Tensor:
         """x (B,T,d) -> views (B,T,m,d) float32.  `history` (B,H,d) holds the H
-        positions before x (the convolution state); None means sequence start."""
-        x = x.float()
+        positions before x (the convolution state); None means sequence start.
+
+        conv_op: one grouped conv1d per stream instead of k shifted
+        multiply-adds (the exporter's choice: 1 ONNX Conv instead of about 3k
+        nodes per stream, and faster in ONNX Runtime; eager training keeps
+        the shifted form, faster on CPU forward and backward)."""
+        x = f32(x)
         views = [x]
         for conv in self.conv.values():
             k = conv.kernel_size[0]
             if history is None:
                 window = F.pad(x, (0, 0, k - 1, 0))  # zeros before the sequence start
             else:
-                window = torch.cat([history.float()[:, history.shape[1] - (k - 1) :], x], dim=1)
-            views.append(causal_conv(window, conv.weight.float()))
+                window = torch.cat([f32(history)[:, history.shape[1] - (k - 1) :], x], dim=1)
+            if conv_op:
+                w = f32(conv.weight)
+                views.append(F.conv1d(window.transpose(1, 2), w, groups=w.shape[0]).transpose(1, 2))
+            else:
+                views.append(causal_conv(window, f32(conv.weight)))
         return torch.stack(views, dim=2)  # (B, T, m, d)
 
 
@@ -57,7 +68,7 @@ def depth_retrieval(query: torch.Tensor, views: torch.Tensor, keys: torch.Tensor
     (parameter-free, computed once per source since every later mixer reuses it)
     -> z (B,T,m,d).  s_i^(r) = q^(r) . keys_i^(r); alpha = softmax over i;
     z^(r) = sum_i alpha_i^(r) x_i^(r)."""
-    scores = (keys * query.float()).sum(-1)  # (n, B, T, m)
+    scores = (keys * f32(query)).sum(-1)  # (n, B, T, m)
     alpha = torch.softmax(scores, dim=0)  # each stream normalises over depth on its own
     return (alpha.unsqueeze(-1) * views).sum(0)
 
@@ -73,9 +84,9 @@ def source_projections(views: torch.Tensor, queries: torch.Tensor, gate_weights:
     B, T, m, d = views.shape
     Q = queries.shape[0]
     rinv = torch.rsqrt((views * views).mean(-1) + eps)  # (B, T, m)
-    cols = [queries.float().permute(1, 2, 0)]  # (m, d, Q)
+    cols = [f32(queries).permute(1, 2, 0)]  # (m, d, Q)
     if gate_weights is not None:
-        cols.append(gate_weights.float().reshape(Q, m, m, d).permute(2, 3, 0, 1).reshape(m, d, Q * m))
+        cols.append(f32(gate_weights).reshape(Q, m, m, d).permute(2, 3, 0, 1).reshape(m, d, Q * m))
     proj = torch.matmul(views.permute(2, 0, 1, 3).reshape(m, B * T, d), torch.cat(cols, dim=-1))  # (m, BT, Q(1+m))
     scores = proj[..., :Q].permute(2, 1, 0).reshape(Q, B, T, m) * rinv
     if gate_weights is None:
@@ -94,7 +105,7 @@ def mix_from_projections(scores: torch.Tensor, parts: torch.Tensor | None, views
     coef = alpha
     if parts is not None:
         logits = (alpha.unsqueeze(-2) * parts).sum(dim=(0, -1))  # (B, T, m)
-        g = torch.sigmoid(gate_scale.float() * logits + gate_bias.float())
+        g = torch.sigmoid(f32(gate_scale) * logits + f32(gate_bias))
         coef = alpha * g
     h = None
     for i, v in enumerate(views):
@@ -108,7 +119,7 @@ def stream_fusion(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, sca
 
     z (B,T,m,d) float32; weight (m, m*d) in nn.Linear layout -> h (B,T,d)."""
     flat = z.flatten(-2)  # streams in order [z^(0), ..., z^(m-1)]
-    g = torch.sigmoid(scale.float() * F.linear(flat, weight.float()) + bias.float())  # (B, T, m)
+    g = torch.sigmoid(f32(scale) * F.linear(flat, f32(weight)) + f32(bias))  # (B, T, m)
     return (g.unsqueeze(-1) * z).sum(dim=-2)
 
 
