@@ -18,7 +18,7 @@ import torch
 from .config import MSARConfig
 from .errors import CheckpointError, ConfigError, OutputError, first_line
 from .fileio import atomic_dir
-from .untrusted import read_small_file
+from .untrusted import contained, read_small_file
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -100,11 +100,18 @@ def validate_tensors(cfg: MSARConfig, tensors: dict[str, torch.Tensor]) -> None:
             raise CheckpointError(f"tensor {name!r} holds NaN or Inf values; the checkpoint is corrupt")
 
 
+def member(path: Path, name: str) -> Path:
+    """A checkpoint file, which must really be inside the checkpoint: a symlink out of it (to
+    /etc/shadow, or a hub cache's blob folder) is refused; copy such files in (`cp -L`).
+    Hard links are fine here: the file is only read, never copied or linked anywhere."""
+    return contained(path, name, f"{path}: checkpoint file", CheckpointError, allow_hard_links=True)
+
+
 def read_config(path: Path) -> MSARConfig:
     cfg_file = path / CONFIG_FILE
     if not os.path.lexists(cfg_file):
         raise CheckpointError(f"{path}: no {CONFIG_FILE}; a checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    text = read_small_file(cfg_file, CONFIG_FILE, CheckpointError)
+    text = read_small_file(member(path, CONFIG_FILE), CONFIG_FILE, CheckpointError)
     try:
         return MSARConfig.from_json(text)
     except ConfigError as e:
@@ -114,8 +121,7 @@ def read_config(path: Path) -> MSARConfig:
 def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
     st = path / WEIGHTS_FILE
     if os.path.lexists(st):
-        if not st.is_file():  # a FIFO or device would block or never end
-            raise CheckpointError(f"{st}: not a regular file")
+        st = member(path, WEIGHTS_FILE)  # a FIFO or device would block or never end
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -127,8 +133,7 @@ def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tens
     pickles = [path / n for n in PICKLE_FILES if os.path.lexists(path / n)]
     if not pickles:
         raise CheckpointError(f"{path}: no {WEIGHTS_FILE}")
-    if not pickles[0].is_file():
-        raise CheckpointError(f"{pickles[0]}: not a regular file")
+    member(path, pickles[0].name)
     if not trust_pickle:
         raise CheckpointError(
             f"{pickles[0]} is a pickle file, which can run code when loaded; refusing. "

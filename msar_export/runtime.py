@@ -56,6 +56,17 @@ def config_of(session, path) -> MSARConfig:
     return MSARConfig.from_json(meta["msar.config"])
 
 
+def empty_cache_feeds(c: MSARConfig, batch: int, dtype) -> dict[str, np.ndarray]:
+    """The decode graph's past inputs for `batch` rows and no past tokens (every backend's start)."""
+    feeds = {}
+    for k in range(c.n_blocks):
+        for part in ("key", "value"):
+            feeds[f"past_key_values.{k}.{part}"] = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), dtype)
+    if c.residual == "msar":
+        feeds["past_conv_state"] = np.zeros((c.n_sublayers + 1, batch, c.kmax - 1, c.d_model), dtype)
+    return feeds
+
+
 class OrtModel:
     """The prefill graph: input_ids -> logits."""
 
@@ -88,14 +99,7 @@ class OrtDecoder:
         self.cache_dtype = ORT_DTYPES[kv_type]
 
     def empty_cache(self, batch: int) -> dict[str, np.ndarray]:
-        c = self.cfg
-        feeds = {}
-        for k in range(c.n_blocks):
-            for part in ("key", "value"):
-                feeds[f"past_key_values.{k}.{part}"] = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), self.cache_dtype)
-        if c.residual == "msar":
-            feeds["past_conv_state"] = np.zeros((c.n_sublayers + 1, batch, c.kmax - 1, c.d_model), self.cache_dtype)
-        return feeds
+        return empty_cache_feeds(self.cfg, batch, self.cache_dtype)
 
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
              cache: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -21,7 +21,8 @@ from .errors import MsarError
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def contained(base: str | os.PathLike, location: str, what: str, error: type[MsarError] = MsarError) -> Path:
+def contained(base: str | os.PathLike, location: str, what: str, error: type[MsarError] = MsarError,
+              allow_hard_links: bool = False) -> Path:
     """The real path of `base / location`, for a relative `location` read from an untrusted file.
 
     Refused: absolute or drive paths, NUL bytes, '..' components, anything whose real
@@ -46,7 +47,7 @@ def contained(base: str | os.PathLike, location: str, what: str, error: type[Msa
         raise error(f"{what} {location!r} is missing; keep it next to the model") from None
     if not stat.S_ISREG(st.st_mode):
         raise error(f"{what} {location!r} is not a regular file")
-    if st.st_nlink > 1:
+    if st.st_nlink > 1 and not allow_hard_links:
         raise error(f"{what} {location!r} has {st.st_nlink} hard links (onnx refuses such files as a potential "
                     "hardlink attack); replace it with a plain copy")
     return real

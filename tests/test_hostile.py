@@ -429,3 +429,26 @@ def test_saving_a_checkpoint_never_replaces_a_foreign_directory(tmp_path):
     assert (foreign / "notes.txt").read_text() == "mine"
     save_checkpoint(model, src)  # a checkpoint is replaced, atomically
     assert load_checkpoint(src).cfg == model.cfg
+
+
+def test_checkpoint_files_are_not_followed_out_of_the_checkpoint(ckpt, tmp_path):
+    import shutil
+
+    from msar_export.checkpoint import load_checkpoint
+    from msar_export.errors import CheckpointError
+
+    outside = tmp_path / "outside"
+    shutil.copytree(ckpt, outside)
+    for name in ("config.json", "model.safetensors"):
+        bad = tmp_path / f"link-{name}"
+        shutil.copytree(ckpt, bad)
+        (bad / name).unlink()
+        (bad / name).symlink_to(outside / name)  # a real, valid file: only the path rule refuses it
+        with pytest.raises(CheckpointError, match="leads outside"):
+            load_checkpoint(bad)
+    inside = tmp_path / "inside"
+    shutil.copytree(ckpt, inside)
+    (inside / "model.safetensors").rename(inside / "blob")
+    (inside / "model.safetensors").symlink_to("blob")  # a link within the checkpoint is fine
+    os.link(inside / "config.json", tmp_path / "second-name.json")  # so is a hard link: only read
+    assert load_checkpoint(inside).cfg.d_model == load_checkpoint(ckpt).cfg.d_model

@@ -170,14 +170,9 @@ class TrtDecoder:
         self.runner = runner
 
     def empty_cache(self, batch: int) -> dict:
-        c = self.cfg
-        feeds = {}
-        for k in range(c.n_blocks):
-            for part in ("key", "value"):
-                feeds[f"past_key_values.{k}.{part}"] = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), self.cache_dtype)
-        if c.residual == "msar":
-            feeds["past_conv_state"] = np.zeros((c.n_sublayers + 1, batch, c.kmax - 1, c.d_model), self.cache_dtype)
-        return feeds
+        from ..runtime import empty_cache_feeds
+
+        return empty_cache_feeds(self.cfg, batch, self.cache_dtype)
 
     def step(self, input_ids, attention_mask, position_ids, cache):
         from ..build.metadata import check_input_shapes
