@@ -43,6 +43,13 @@ def plot_results(result: dict, out_png: Path) -> None:
     ax2.legend(fontsize=8)
     m = result["machine"]
     fig.suptitle(f"{m['date']} - {m['cpu']} - {m['threads']} threads", fontsize=9)
+    save_png(fig, out_png)
+
+
+def save_png(fig, out_png) -> None:
+    """Lay out, write atomically, and free the figure (pyplot keeps every open figure)."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=100)

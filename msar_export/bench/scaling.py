@@ -11,8 +11,9 @@ from pathlib import Path
 
 from ..checkpoint import save_checkpoint
 from ..config import MSARConfig
-from ..fileio import atomic_path, atomic_write_text
+from ..fileio import atomic_write_text
 from .probe import cli_probe
+from .report import save_png
 from .run import random_model
 from .timing import machine_description
 
@@ -100,10 +101,7 @@ def plot_scaling(result: dict, out_png: Path) -> None:
     axes[0].legend(fontsize=8)
     m = result["machine"]
     fig.suptitle(f"msar-export export vs depth - {m['date']} - {m['cpu']}", fontsize=9)
-    fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    save_png(fig, out_png)
 
 
 def scaling_table(result: dict) -> str:
