@@ -182,6 +182,9 @@ class Front:
 def http_handler(front: Front):
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in two writes; with Nagle on, the body waits for the
+        # client's delayed ACK (40 ms per request on loopback, measured: 8x fewer req/s).
+        disable_nagle_algorithm = True
 
         def log_message(self, *args):  # the server log is Triton's
             pass
@@ -203,21 +206,34 @@ def http_handler(front: Front):
         def _forward(self, body: bytes | None):
             hop = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
             headers = {k: v for k, v in self.headers.items() if k.lower() not in hop}
-            conn = http.client.HTTPConnection(HOST, front.upstream_http, timeout=600)
-            try:
-                conn.request(self.command, self.path, body=body, headers=headers)
-                r = conn.getresponse()
-                data = r.read()
-            except OSError as e:
-                return self._refuse(502, f"tritonserver did not answer ({type(e).__name__})")
-            finally:
-                conn.close()
+            # One upstream connection per client connection (this handler's thread), kept
+            # alive: a new TCP connection per request cost about a fifth of the throughput.
+            for attempt in (0, 1):
+                conn = getattr(self, "_upstream", None)
+                if conn is None:
+                    conn = self._upstream = http.client.HTTPConnection(HOST, front.upstream_http, timeout=600)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    r = conn.getresponse()
+                    data = r.read()
+                    break
+                except (OSError, http.client.HTTPException) as e:
+                    conn.close()
+                    self._upstream = None
+                    if attempt == 1 or not isinstance(e, (ConnectionError, http.client.RemoteDisconnected)):
+                        return self._refuse(502, f"tritonserver did not answer ({type(e).__name__})")
             if r.status >= 400:
                 front.stub_died(data.decode(errors="replace"))
             self._reply(r.status, data, [(k, v) for k, v in r.getheaders() if k.lower() not in hop])
 
         def do_GET(self):
             self._forward(None)
+
+        def finish(self):
+            conn = getattr(self, "_upstream", None)
+            if conn is not None:
+                conn.close()
+            super().finish()
 
         def do_POST(self):
             if self.headers.get("Transfer-Encoding"):
