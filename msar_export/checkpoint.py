@@ -58,8 +58,6 @@ def expected_shapes(cfg: MSARConfig) -> dict[str, tuple[int, ...]]:
     return dict(iter_expected(cfg))
 
 
-
-
 def expected_count(cfg: MSARConfig) -> int:
     """len(expected_shapes(cfg)), without building the table (a config can claim 10**8 blocks)."""
     L, mixers = cfg.n_sublayers, cfg.n_sublayers + 1

@@ -74,9 +74,7 @@ class MSARConfig:
 
         if self.model_type != MODEL_TYPE:
             raise ConfigError(f"config.json: model_type is {self.model_type!r}, expected {MODEL_TYPE!r}")
-        if not isinstance(self.format_version, int) or isinstance(self.format_version, bool) \
-                or self.format_version != FORMAT_VERSION:
-            self.reject_version(self.format_version)
+        self.check_version(self.format_version)
         for name, limit in LIMITS.items():
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"{name} must be a positive integer, got {v!r}")
@@ -126,22 +124,21 @@ class MSARConfig:
             raise ConfigError(f"config.json: unknown keys {extra}; is this an msar_lm checkpoint?")
         if missing:
             raise ConfigError(f"config.json: missing keys {missing}")
-        v = d["format_version"]
-        if not isinstance(v, int) or isinstance(v, bool) or v != FORMAT_VERSION:
-            # Checked first so a newer format is reported as such, not as a type error;
-            # `true` and `1.0` equal 1 in Python but are not format version 1.
-            cls.reject_version(v)
+        # Checked first so a newer format is reported as such, not as a type error.
+        cls.check_version(d["format_version"])
         sk = d["stream_kernels"]
         if not isinstance(sk, list) or len(sk) > MAX_STREAMS:
             raise ConfigError(f"config.json: stream_kernels must be a list of integers, got {sk!r}")
         return cls(**{**d, "stream_kernels": tuple(sk)})
 
     @staticmethod
-    def reject_version(v: Any) -> None:
-        raise ConfigError(
-            f"config.json: format_version {v!r} is not supported (this msar-export reads version "
-            f"{FORMAT_VERSION}); upgrade msar-export or re-save the checkpoint"
-        )
+    def check_version(v: Any) -> None:
+        """`true` and `1.0` equal 1 in Python but are not format version 1."""
+        if not isinstance(v, int) or isinstance(v, bool) or v != FORMAT_VERSION:
+            raise ConfigError(
+                f"config.json: format_version {v!r} is not supported (this msar-export reads version "
+                f"{FORMAT_VERSION}); upgrade msar-export or re-save the checkpoint"
+            )
 
     @classmethod
     def from_json(cls, text: str, what: str = "config.json") -> "MSARConfig":

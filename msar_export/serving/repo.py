@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..config import MSARConfig
 from ..errors import EngineError, InputError, MsarError, OnnxModelError, OutputError, first_line
-from ..fileio import atomic_dir, file_sha256
+from ..fileio import atomic_dir, check_output_dir, file_sha256
 from ..untrusted import contained
 from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
 
@@ -79,10 +79,9 @@ def check_repo_target(out: Path, sources: list[Path], force: bool = False) -> No
         src_real = src.resolve()
         if src_real == real or real in src_real.parents:
             raise OutputError(f"{out}: holds {src}, which this repository is made from; give another directory")
-    if not os.path.lexists(out):
+    check_output_dir(out)  # what atomic_dir will check again at the swap, refused before any work
+    if not out.exists():
         return
-    if out.is_symlink() or not out.is_dir():
-        raise OutputError(f"{out}: exists and is not a directory; give a new directory for the repository")
     if not force and any(out.iterdir()) and not _is_our_repo(out):
         raise OutputError(f"{out}: exists and is not a repository msar-export wrote (no {MANIFEST} from it); "
                           "it would be replaced: give a new directory, or pass --force to replace it")
