@@ -21,6 +21,7 @@ REGISTRARS: tuple[str, ...] = (
     "msar_export.bench.cli",
     "msar_export.build.cli",
     "msar_export.serving.cli",
+    "msar_export.interop.cli",
 )
 
 

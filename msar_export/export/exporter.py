@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..fileio import check_output_file, os_errors_as_output_errors, scratch_dir_beside
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import depth_retrieval_function, fused_mixer_function
-from .optimize import optimize_model
+from .optimize import optimize_model, remove_identity_casts, separate_consumed_outputs
 from .graphs import DecodeGraph, PrefillGraph, decode_io_names, dynamic_shapes, example_inputs
 
 TWO_GB = 2 * 1024**3
@@ -109,7 +109,9 @@ def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
             external_data=False,
         )
     # torch.onnx's own optimize step, less one rule whose matching is quadratic in depth.
-    return optimize_model(program.model)
+    model = optimize_model(program.model)
+    separate_consumed_outputs(model)
+    return model
 
 
 @contextlib.contextmanager
@@ -167,6 +169,10 @@ def inline_functions(model: ir.Model) -> None:
     common_passes.InlinePass()(model)
     model.functions.clear()
     model.opset_imports.pop(DOMAIN, None)
+    remove_identity_casts(model)
+    # Inlined `eps` arrives as Constant(value_float), which fp16 converters do
+    # not retype (they convert tensors only); as initializers they do.
+    common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
 
 
 def name_dims(model: ir.Model) -> None:

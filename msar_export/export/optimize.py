@@ -60,3 +60,65 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> ir.Model:
     passes(model)
     onnx_fusions.fuse(model)
     return model
+
+
+def remove_identity_casts(model: ir.Model) -> int:
+    """Drop Cast / CastLike nodes whose input already has the target type.
+
+    The function bodies cast to float32 and back so that a float16 node runs
+    in float32; inlined into a float32 graph (`--decomposed`) those casts are
+    no-ops, and they are not harmless: fp16 converters retype every float
+    value to float16 but keep `Cast(to=FLOAT)`, so ONNX Runtime refuses the
+    converted file.  Returns how many were removed."""
+    removed = 0
+    for node in list(model.graph):
+        if node.op_type not in ("Cast", "CastLike") or node.domain not in ("", "ai.onnx"):
+            continue
+        src, out = node.inputs[0], node.outputs[0]
+        if node.op_type == "Cast":
+            target = ir.DataType(node.attributes["to"].as_int())
+        else:
+            target = node.inputs[1].dtype
+        if src is None or _dtype_of(src) != target or out.is_graph_output():
+            continue
+        out.replace_all_uses_with(src)
+        model.graph.remove(node, safe=True)
+        removed += 1
+    return removed
+
+
+# Ops whose output has their first input's element type.
+_TYPE_PRESERVING = {"Concat", "Slice", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Expand", "Split"}
+
+
+def _dtype_of(value: ir.Value, depth: int = 16) -> ir.DataType | None:
+    """The element type of `value`, followed back through type-preserving ops:
+    values made by inlining carry no type until shape inference runs."""
+    while value.dtype is None and depth > 0:
+        node = value.producer()
+        if node is None or node.op_type not in _TYPE_PRESERVING or node.domain not in ("", "ai.onnx"):
+            return None
+        value, depth = node.inputs[0], depth - 1
+    return value.dtype
+
+
+def separate_consumed_outputs(model: ir.Model) -> int:
+    """Give every graph output that other nodes also read its own Identity.
+
+    `present.*` caches are both outputs and inputs of the attention; fp16
+    converters called with keep_io_types=True cast an output back to float32
+    under its old name and leave its readers reading the float32 copy, which
+    ONNX Runtime then refuses.  After this pass an output is read by nobody."""
+    added = 0
+    for i, out in enumerate(list(model.graph.outputs)):
+        if not out.uses() or out.producer() is None:
+            continue
+        name = out.name
+        out.name = f"{name}.inner"
+        ident = ir.Node("", "Identity", [out], name=f"{name}.output")
+        model.graph.insert_after(out.producer(), ident)
+        ident.outputs[0].name = name
+        ident.outputs[0].dtype, ident.outputs[0].shape = out.dtype, out.shape
+        model.graph.outputs[i] = ident.outputs[0]
+        added += 1
+    return added

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -32,14 +35,37 @@ class RMSNorm(nn.Module):
         return (rms_normalize(x, self.eps) * f32(self.weight)).to(x.dtype)
 
 
-def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
-                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, 1, T, head_dim) for the rotate-half convention, in `dtype` (float32 or float64)."""
-    j = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=dtype)
-    inv_freq = theta ** (-j / head_dim)  # (hd/2,)
-    angles = position_ids.to(dtype)[..., None] * inv_freq  # (B, T, hd/2)
-    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, hd)
-    return angles.cos(), angles.sin()
+@functools.lru_cache(maxsize=8)
+def _rotary_table64(max_positions: int, head_dim: int, theta: float) -> np.ndarray:
+    j = np.arange(0, head_dim, 2, dtype=np.float64)
+    angles = np.arange(max_positions, dtype=np.float64)[:, None] * theta ** (-j / head_dim)
+    table = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1)
+    table.flags.writeable = False
+    return table
+
+
+def rotary_table(max_positions: int, head_dim: int, theta: float, dtype: torch.dtype, device) -> torch.Tensor:
+    """(max_positions, head_dim): cos | sin of every position's angles, computed
+    in float64 and rounded to `dtype`; inside torch.export it is a constant.
+
+    A table gathered by position, not angles computed from a Cast of the int64
+    positions: ONNX fp16 converters turn every float tensor into float16, and
+    float16 angles are about 0.25 rad off at position 500, while a float16
+    table is within 5e-4 of every cos and sin.  It also keeps int->float Cast
+    nodes out of the graph, which those converters mistype.  The cache holds
+    numpy, never a torch tensor: one made during a trace is a fake tensor."""
+    table = _rotary_table64(int(max_positions), int(head_dim), float(theta))
+    if dtype == torch.float32:  # rounded here: traced, a float64 constant would stay float64 behind a Cast
+        table = table.astype(np.float32)
+    elif dtype != torch.float64:
+        raise ValueError(f"rotary table in {dtype}: the rotary angles are computed in float32 or float64")
+    return torch.tensor(table, device=device)
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (B, 1, T, head_dim) for the rotate-half convention, in the table's dtype."""
+    cos, sin = F.embedding(position_ids, table)[:, None].chunk(2, dim=-1)  # one Gather; (B, 1, T, hd/2) each
+    return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import MSARConfig
-from .layers import AttentionSublayer, MLPSublayer, RMSNorm, f32, rotary_cos_sin
+from .layers import AttentionSublayer, MLPSublayer, RMSNorm, f32, rotary_cos_sin, rotary_table
 from .mixing import DepthMixer, SourceExpansion, mix_from_projections, source_projections
 
 
@@ -56,7 +56,9 @@ class DepthPath:
         raise NotImplementedError
 
     def masked(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.source_mask is None else x * self.source_mask[..., None].to(x.dtype)
+        # Where, not a multiply by the mask cast to float: no int->float Cast
+        # for fp16 converters to mistype (see rotary_table).
+        return x if self.source_mask is None else torch.where(self.source_mask[..., None].bool(), x, 0.0)
 
     def record_conv_state(self, i: int, x: torch.Tensor) -> None:
         """Keep the last kmax-1 positions of source i (after masking) for the next step."""
@@ -184,7 +186,8 @@ class MSARLM(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
         compute = torch.float64 if self.dtype == torch.float64 else torch.float32
-        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, compute)
+        table = rotary_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, compute, input_ids.device)
+        cos, sin = rotary_cos_sin(position_ids, table)
         bias = attention_bias(attention_mask, T, past, input_ids.device)
         source_mask = None if attention_mask is None else attention_mask[:, past:]
         path = self.depth_path(None if cache is None else cache.conv, source_mask, path_cls)

@@ -1,0 +1,133 @@
+"""`msar-export onnx ...`: the ecosystem jobs that stock tools get wrong on
+files with overloaded msar functions (see msar_export/interop/__init__.py).
+
+Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
+
+from __future__ import annotations
+
+DESCRIPTION = """Run standard ONNX tools on an msar-export file without losing its msar
+functions. convert-opset: onnx.version_converter for the graph and every
+function body (the converter alone drops them). sanitize: polygraphy surgeon
+sanitize (cleanup, toposort, constant folding) with the function overloads
+that onnx-graphsurgeon drops put back. repair: put those overloads back in a
+file another tool already rewrote. reference: run onnx's ReferenceEvaluator
+(which keys functions by name alone) with each node's own overload, and
+compare with ONNX Runtime."""
+
+
+def cmd_convert_opset(a) -> int:
+    from .files import load_whole, save_whole
+    from .opset import convert_opset
+
+    model, external = load_whole(a.onnx)
+    out = convert_opset(model, a.opset)
+    _check(out, a.output)
+    save_whole(out, a.output, external)
+    print(f"{a.output}: opset {a.opset}, {len(out.functions)} functions kept")
+    return 0
+
+
+def cmd_sanitize(a) -> int:
+    from .files import load_whole, save_whole
+    from .surgeon import sanitize
+
+    model, external = load_whole(a.onnx)
+    out = sanitize(model, fold_constants=not a.no_fold_constants)
+    _check(out, a.output)
+    save_whole(out, a.output, external)
+    print(f"{a.output}: {len(out.graph.node)} nodes (was {len(model.graph.node)}), {len(out.functions)} functions kept")
+    return 0
+
+
+def cmd_repair(a) -> int:
+    from .files import load_whole, save_whole
+    from .overloads import missing_functions, restore_overloads
+
+    model, external = load_whole(a.onnx)
+    fixed = restore_overloads(model)
+    if missing_functions(model) and a.functions_from:
+        source, _ = load_whole(a.functions_from)
+        have = {(f.domain, f.name, f.overload) for f in model.functions}
+        model.functions.extend(f for f in source.functions if (f.domain, f.name, f.overload) not in have)
+    _check(model, a.output)
+    save_whole(model, a.output, external)
+    print(f"{a.output}: {fixed} overloads restored, {len(model.functions)} functions")
+    return 0
+
+
+def cmd_reference(a) -> int:
+    import numpy as np
+
+    from ..errors import InputError
+    from .files import load_whole
+    from .reference import reference_evaluator
+    from .run import seeded_feeds
+
+    if not (1 <= a.batch <= 64 and 1 <= a.seq <= 4096):
+        raise InputError("--batch must be 1..64 and --seq 1..4096")
+    model, _ = load_whole(a.onnx)
+    feeds = seeded_feeds(model, a.batch, a.seq, a.seed)
+    with np.errstate(over="ignore"):  # the reference Sigmoid overflows exp() on large logits, correctly
+        ref = reference_evaluator(model).run(["logits"], feeds)[0].astype(np.float64)
+    ort_out = _ort_logits(a.onnx, feeds)
+    err = float(np.abs(ort_out - ref).max() / max(np.abs(ref).max(), 1e-30))
+    print(f"{a.onnx}: logits {list(ref.shape)} by onnx.reference.ReferenceEvaluator; "
+          f"ONNX Runtime on the same file differs by max|diff|/max|ref| = {err:.2e}")
+    if a.save:
+        from ..fileio import atomic_path
+
+        with atomic_path(a.save) as tmp, open(tmp, "wb") as f:
+            np.save(f, ref.astype(np.float32))
+    return 0 if np.isfinite(ref).all() else 1
+
+
+def _ort_logits(path, feeds):
+    import numpy as np
+
+    from ..runtime import open_session
+
+    session = open_session(path, providers=["CPUExecutionProvider"])
+    return session.run(["logits"], feeds)[0].astype(np.float64)
+
+
+def _check(model, target) -> None:
+    """The written file must load in ONNX Runtime: a tool's output that does not is refused, not saved."""
+    import onnxruntime as ort
+
+    from ..errors import OnnxModelError
+
+    if model.ByteSize() >= 2**31:
+        return  # ORT cannot take it from memory; it is checked when loaded from the file
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise OnnxModelError(f"{target}: the converted model does not load in ONNX Runtime "
+                             f"({str(e).splitlines()[0][:300]}); nothing written") from None
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("onnx", help="standard ONNX tools on msar-export files, functions kept",
+                              description=DESCRIPTION)
+    sub = p.add_subparsers(dest="onnx_command", required=True, metavar="ACTION")
+    c = sub.add_parser("convert-opset", help="onnx.version_converter, function bodies converted and kept")
+    c.add_argument("onnx")
+    c.add_argument("-o", "--output", required=True)
+    c.add_argument("--opset", type=int, required=True, help="target default-domain opset (upgrades: 18 -> 19..23)")
+    c.set_defaults(func=cmd_convert_opset)
+    s = sub.add_parser("sanitize", help="polygraphy surgeon sanitize, function overloads kept")
+    s.add_argument("onnx")
+    s.add_argument("-o", "--output", required=True)
+    s.add_argument("--no-fold-constants", action="store_true", help="cleanup and toposort only")
+    s.set_defaults(func=cmd_sanitize)
+    r = sub.add_parser("repair", help="restore the overloads another tool dropped (and functions, from the original)")
+    r.add_argument("onnx")
+    r.add_argument("-o", "--output", required=True)
+    r.add_argument("--functions-from", metavar="ORIGINAL", help="the file msar-export wrote, for bodies a tool deleted")
+    r.set_defaults(func=cmd_repair)
+    e = sub.add_parser("reference", help="run onnx's ReferenceEvaluator with each node's own overload")
+    e.add_argument("onnx")
+    e.add_argument("--batch", type=int, default=2)
+    e.add_argument("--seq", type=int, default=7)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--save", metavar="NPY", help="write the logits (float32 .npy)")
+    e.set_defaults(func=cmd_reference)

@@ -1,0 +1,48 @@
+"""Reading and writing whole ONNX files (weights included) for the interop commands."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import OnnxModelError
+from ..fileio import check_output_file, os_errors_as_output_errors, scratch_dir_beside
+from ..onnx_file import external_data_files, inspect_onnx
+
+TWO_GB = 2**31
+
+
+def load_whole(path) -> tuple[object, bool]:
+    """(ModelProto with its weights, whether they were external): each external
+    file is checked to lie inside the model's folder before it is read."""
+    import onnx
+
+    path = Path(path)
+    model = inspect_onnx(path)
+    external = bool(external_data_files(model, path))
+    if external:
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except (OSError, ValueError) as e:
+            raise OnnxModelError(f"{path}: cannot read its external data ({e})") from None
+    return model, external
+
+
+def save_whole(model, target, external: bool = False) -> Path:
+    """Write `model` to `target` atomically; weights go to `target.name + '.data'`
+    beside it when asked or when the file would pass protobuf's 2 GB limit."""
+    import onnx
+
+    target = check_output_file(target)
+    external = external or model.ByteSize() >= TWO_GB
+    with scratch_dir_beside(target) as tmp, os_errors_as_output_errors(target):
+        staged = tmp / target.name
+        data_name = target.name + ".data"
+        onnx.save_model(model, str(staged), save_as_external_data=external, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+        if external:
+            check_output_file(target.parent / data_name)
+            os.replace(tmp / data_name, target.parent / data_name)
+        check_output_file(target)
+        os.replace(staged, target)
+    return target

@@ -1,0 +1,40 @@
+"""Seeded inputs for any msar-export graph, read from the file's own metadata."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import MSARConfig
+from ..errors import OnnxModelError
+
+
+def config_of_model(model) -> MSARConfig:
+    meta = {p.key: p.value for p in model.metadata_props}
+    if "msar.config" not in meta:
+        raise OnnxModelError("no msar.config metadata; export the file with `msar-export export`")
+    return MSARConfig.from_json(meta["msar.config"])
+
+
+def seeded_feeds(model, batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    """input_ids (and, for a decode graph, a full mask, positions and empty caches)."""
+    from ..runtime import empty_cache_feeds
+
+    cfg = config_of_model(model)
+    names = {i.name for i in model.graph.input}
+    ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch, seq)).astype(np.int64)
+    feeds = {"input_ids": ids}
+    if "attention_mask" in names:
+        dtype = _float_input_dtype(model)
+        feeds["attention_mask"] = np.ones((batch, seq), np.int64)
+        feeds["position_ids"] = np.tile(np.arange(seq, dtype=np.int64), (batch, 1))
+        feeds.update(empty_cache_feeds(cfg, batch, dtype))
+    return {k: v for k, v in feeds.items() if k in names}
+
+
+def _float_input_dtype(model):
+    from onnx import helper
+
+    for i in model.graph.input:
+        if i.name.startswith("past_"):
+            return helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+    return np.float32

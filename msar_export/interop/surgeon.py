@@ -1,0 +1,35 @@
+"""Polygraphy's `surgeon sanitize` for files with msar functions."""
+
+from __future__ import annotations
+
+from .overloads import missing_functions, restore_overloads
+
+
+def sanitize(model, fold_constants: bool = True):
+    """What `polygraphy surgeon sanitize [--fold-constants]` does (onnx-graphsurgeon
+    cleanup and topological sort, Polygraphy's constant folding), then what
+    graphsurgeon loses put back, so ONNX Runtime and TensorRT still find every
+    body.  ModelProto in, new ModelProto out.
+
+    graphsurgeon writes nodes and functions back without their overload, and
+    its cleanup, which Polygraphy's folder runs too, keeps one function per
+    name as "used"; the bodies are therefore taken from the input model."""
+    import onnx
+    import onnx_graphsurgeon as gs
+    from polygraphy.backend.onnx import fold_constants as polygraphy_fold
+
+    bodies = [onnx.FunctionProto.FromString(f.SerializeToString()) for f in model.functions]
+
+    def repaired(m):
+        restore_overloads(m)
+        if missing_functions(m):
+            del m.functions[:]
+            m.functions.extend(bodies)
+        return m
+
+    graph = gs.import_onnx(model)
+    graph.cleanup().toposort()
+    out = repaired(gs.export_onnx(graph))  # repaired first: the folder runs the model in ONNX Runtime
+    if fold_constants:
+        out = repaired(polygraphy_fold(out))
+    return out
