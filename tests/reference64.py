@@ -27,7 +27,7 @@ def _causal_conv(x, w):
     B, T, d = x.shape
     k = w.shape[-1]
     y = np.zeros_like(x)
-    for delta in range(k):
+    for delta in range(min(k, T)):  # taps reaching before t = 0 see zeros
         c = w[:, 0, k - 1 - delta]
         y[:, delta:] += c * x[:, : T - delta]
     return y

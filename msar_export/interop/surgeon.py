@@ -12,8 +12,8 @@ def sanitize(model, fold_constants: bool = True):
     body.  ModelProto in, new ModelProto out.
 
     graphsurgeon writes nodes and functions back without their overload, and
-    its cleanup, which Polygraphy's folder runs too, keeps one function per
-    name as "used"; the bodies are therefore taken from the input model."""
+    its cleanup keeps one function per name as "used"; the bodies are
+    therefore taken from the input model."""
     import onnx
     import onnx_graphsurgeon as gs
     from polygraphy.backend.onnx import fold_constants as polygraphy_fold
@@ -29,7 +29,11 @@ def sanitize(model, fold_constants: bool = True):
 
     graph = gs.import_onnx(model)
     graph.cleanup().toposort()
-    out = repaired(gs.export_onnx(graph))  # repaired first: the folder runs the model in ONNX Runtime
+    out = repaired(gs.export_onnx(graph))
     if fold_constants:
+        # Folded without the functions (an msar node is never constant): with them,
+        # the folder's own graphsurgeon pass makes duplicates that its ONNX Runtime
+        # refuses, and it then folds nothing.
+        del out.functions[:]
         out = repaired(polygraphy_fold(out))
     return out

@@ -1,21 +1,19 @@
 """Triton `config.pbtxt`: I/O read from the ONNX graph, rendered as protobuf text,
 and validated by parsing it with Triton's own ModelConfig schema.
 
-The schema is `model_config.proto` as compiled into tritonclient
-(`tritonclient.grpc.model_config_pb2`).  tritonclient needs protobuf<7, which
-the main venv does not have: there validation runs in .venv-triton
-(pbtxt_check.py, run as a script there).
+The schema is Triton's `model_config.proto`, bundled as a serialized
+descriptor (pbtxt_check.py), so validation needs neither tritonclient (which
+refuses the main venv's protobuf 7) nor the serving venv.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BackendUnavailable, MsarError, OnnxModelError
+from ..errors import MsarError, OnnxModelError
 
 # onnx.TensorProto.DataType -> Triton data type
 ONNX_TO_TRITON = {
@@ -140,21 +138,8 @@ from .pbtxt_check import check_config, parse_model_config  # noqa: E402,F401  (r
 
 
 def validate_files(paths: list[Path]) -> dict[str, str | None]:
-    """{path: None | problem} for each config.pbtxt, in whichever interpreter has tritonclient."""
-    from .env import have_tritonclient, triton_python
-
-    if have_tritonclient():
-        return {str(p): check_config(Path(p).read_text(), Path(p).parent.name) for p in paths}
-    py = triton_python()
-    env = dict(os.environ)
-    env.pop("PYTHONHOME", None)
-    out = subprocess.run([py, str(Path(__file__).with_name("pbtxt_check.py")), *map(str, paths)],
-                         capture_output=True, text=True, env=env, timeout=300)
-    try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BackendUnavailable(f"cannot validate config.pbtxt with {py} ({tail[:200]})") from None
+    """{path: None | problem} for each config.pbtxt (Triton's schema is bundled: no tritonclient needed)."""
+    return {str(p): check_config(Path(p).read_text(), Path(p).parent.name) for p in paths}
 
 
 def validate_repository(repo: str | os.PathLike) -> list[Path]:

@@ -1,8 +1,7 @@
-"""Parse config.pbtxt files with Triton's ModelConfig schema (tritonclient's model_config_pb2).
+"""Parse config.pbtxt files with Triton's ModelConfig schema (bundled, below).
 
-Standalone on purpose (stdlib + protobuf + tritonclient, no package imports): the
-main venv lacks tritonclient (it needs protobuf<7), so this file is also run as a
-script by .venv-triton's interpreter:
+Standalone on purpose (stdlib + protobuf, no package imports), so it also runs
+as a script in any interpreter:
 
     python msar_export/serving/pbtxt_check.py [--dump] FILE...
 
@@ -17,11 +16,26 @@ import sys
 from pathlib import Path
 
 
+# Triton's model_config.proto (BSD-3-Clause, triton-inference-server/common), as the
+# serialized descriptor that tritonclient 2.73.0's model_config_pb2 carries: with it
+# the main venv (protobuf 7, which tritonclient refuses) validates configs itself.
+SCHEMA = Path(__file__).with_name("triton_model_config.desc")
+
+
+def model_config_class():
+    """Triton's ModelConfig message class, built from the bundled descriptor
+    (works with any protobuf runtime; no generated code, no tritonclient)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(SCHEMA.read_bytes()))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelConfig"))
+
+
 def parse_model_config(text: str):
     from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
 
-    return text_format.Parse(text, model_config_pb2.ModelConfig())
+    return text_format.Parse(text, model_config_class()())
 
 
 def check_config(text: str, model_dir_name: str | None = None) -> str | None:
