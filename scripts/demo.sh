@@ -7,6 +7,9 @@
 #   ./scripts/demo.sh --retrain  train the three residual kinds again (~4 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+START=$SECONDS
+stage() { printf '\n[%dm%02ds] == %s\n' $(((SECONDS - START) / 60)) $(((SECONDS - START) % 60)) "$*"; }
+stage "environment (.venv; created on the first run)"
 ./scripts/setup_env.sh
 X=".venv/bin/msar-export"
 CKPT=checkpoints/default
@@ -15,28 +18,28 @@ mkdir -p "$OUT"
 
 if [ "${1:-}" = "--retrain" ] || [ ! -f "$CKPT/msar/model.safetensors" ]; then
     CKPT=runs/default
-    echo "== train (msar, standard, attnres; fixed seed) -> $CKPT"
+    stage "train (msar, standard, attnres; fixed seed) -> $CKPT"
     $X train -o "$CKPT"
 fi
 
-echo "== eager generation"
+stage "eager generation"
 $X generate "$CKPT/msar" --prompt "def __init__(self" --max-new-tokens 48
 
-echo "== export: msar custom ops (prefill), decomposed, decode graph"
+stage "export: msar custom ops (prefill), decomposed, decode graph"
 $X export "$CKPT/msar" -o "$OUT/msar.onnx"
 $X export "$CKPT/msar" -o "$OUT/msar.decomposed.onnx" --decomposed
 $X export "$CKPT/msar" -o "$OUT/msar.decode.onnx" --decode
 
-echo "== ONNX Runtime generation (decode graph)"
+stage "ONNX Runtime generation (decode graph)"
 $X generate --onnx "$OUT/msar.decode.onnx" --prompt "def __init__(self" --max-new-tokens 48
 
 if $X --help | grep -q " check "; then
-    echo "== parity check: eager vs ONNX Runtime (vs TensorRT when installed), per layer"
+    stage "parity check: eager vs ONNX Runtime (vs TensorRT when installed), per layer"
     $X check "$CKPT/msar" --onnx "$OUT/msar.onnx" --report "$OUT/report"
 fi
 
 if $X --help | grep -q " build "; then
-    echo "== TensorRT engine build"
+    stage "TensorRT engine build"
     if .venv/bin/python -c "import tensorrt" >/dev/null 2>&1; then
         $X build "$OUT/msar.onnx" -o "$OUT/msar.plan"
     elif .venv/bin/python -c "import tensorrt_rtx" >/dev/null 2>&1; then
@@ -46,6 +49,9 @@ if $X --help | grep -q " build "; then
         echo "skipped: TensorRT is not installed here (import tensorrt fails); see docs/tensorrt.md"
     fi
 fi
-echo "== benchmark smoke run (tiny model; the full run is: msar-export bench -o benchmarks)"
+stage "ecosystem tools: onnx's ReferenceEvaluator on the custom-op file (docs/interop.md)"
+$X onnx reference "$OUT/msar.onnx"
+
+stage "benchmark smoke run (tiny model; the full run is: msar-export bench -o benchmarks)"
 $X bench --quick --no-compile -o "$OUT/bench"
-echo "== done: outputs in $OUT"
+stage "done: outputs in $OUT"

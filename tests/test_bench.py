@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from msar_export.bench.report import BEGIN, END, markdown_table
 from msar_export.bench.run import QUICK, BenchSettings, run_bench, write_results
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # the bench stage's default-tier test is the export-scaling smoke run
 def test_quick_bench_writes_results_and_chart(tmp_path):
     s = BenchSettings(**{**QUICK, "kinds": ("standard", "msar")})
     result = run_bench(s, log=lambda *_: None)

@@ -61,6 +61,16 @@ GRAPHS = [
     ("standard", "decode", "plain", "float16"),
 ]
 IDS = ["-".join(g) for g in GRAPHS]
+# One graph per op and path in the default tier; the other precisions and kinds are the slow tier.
+FAST = {("msar", "prefill", "fused", "float32"), ("msar", "decode", "custom", "float16"),
+        ("msar", "prefill", "decomposed", "float32"), ("attnres", "decode", "custom", "bfloat16"),
+        ("attnres", "decode", "decomposed", "float32"), ("standard", "prefill", "plain", "float32")}
+pytestmark = pytest.mark.trt
+
+
+def graph_params(variants) -> list:
+    return [pytest.param(g, id=i, marks=() if g in FAST else pytest.mark.slow)
+            for g, i in zip(GRAPHS, IDS) if g[2] in variants]
 PROFILE = {"prefill": "batch=1/1/2,seq=1/8/16", "decode": "batch=1/1/2,seq=1/1/4,past=0/8/16"}
 TRT_DTYPE = {onnx.TensorProto.FLOAT: "Float", onnx.TensorProto.FLOAT16: "Half",
              onnx.TensorProto.BFLOAT16: "BFloat16", onnx.TensorProto.INT64: "Int64"}
@@ -71,18 +81,24 @@ RULE_DTYPE = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "floa
 
 
 @pytest.fixture(scope="module")
-def graphs(tmp_path_factory) -> dict[tuple, Path]:
+def graphs(tmp_path_factory):
+    """graphs[(kind, graph, variant, dtype)] -> ONNX path, exported on first use; graphs["ckpt", kind] -> checkpoint."""
     root = tmp_path_factory.mktemp("rtx")
-    ckpts = {kind: make_checkpoint(root / kind, seed=5, residual=kind)[0] for kind in ("msar", "attnres", "standard")}
-    out = {}
-    for kind, graph, variant, dtype in GRAPHS:
-        opts = ExportOptions(decode=graph == "decode", decomposed=variant == "decomposed", dtype=dtype,
-                             mixer_op="retrieval" if variant == "retrieval" else "fused")
-        path = root / f"{kind}-{graph}-{variant}-{dtype}.onnx"
-        export_checkpoint(ckpts[kind], path, opts, validate=False)
-        out[(kind, graph, variant, dtype)] = path
-    out.update({("ckpt", kind): path for kind, path in ckpts.items()})
-    return out
+
+    class Graphs(dict):
+        def __missing__(self, key):
+            if key[0] == "ckpt":
+                self[key] = make_checkpoint(root / key[1], seed=5, residual=key[1])[0]
+                return self[key]
+            kind, graph, variant, dtype = key
+            opts = ExportOptions(decode=graph == "decode", decomposed=variant == "decomposed", dtype=dtype,
+                                 mixer_op="retrieval" if variant == "retrieval" else "fused")
+            path = root / f"{kind}-{graph}-{variant}-{dtype}.onnx"
+            export_checkpoint(self["ckpt", kind], path, opts, validate=False)
+            self[key] = path
+            return path
+
+    return Graphs()
 
 
 def custom_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -157,8 +173,7 @@ def test_rule_checker_refuses_mixed_types_and_bad_shapes(node_rules):
     assert out[2].startswith("error FusedMixer:") and "width" in out[2]
 
 
-@pytest.mark.parametrize("key", [g for g in GRAPHS if g[2] in ("fused", "retrieval", "custom")],
-                         ids=[i for g, i in zip(GRAPHS, IDS) if g[2] in ("fused", "retrieval", "custom")])
+@pytest.mark.parametrize("key", graph_params(("fused", "retrieval", "custom")))
 def test_every_custom_node_meets_the_plugin_rules(graphs, node_rules, key):
     model = onnx.load(str(graphs[key]))
     nodes = custom_nodes(model)
@@ -189,8 +204,7 @@ def expected_io(model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
 
 
 @needs_rtx
-@pytest.mark.parametrize("key", [g for g in GRAPHS if g[2] in ("decomposed", "plain")],
-                         ids=[i for g, i in zip(GRAPHS, IDS) if g[2] in ("decomposed", "plain")])
+@pytest.mark.parametrize("key", graph_params(("decomposed", "plain")))
 def test_graphs_without_msar_nodes_build(graphs, tmp_path, key):
     path = graphs[key]
     model = onnx.load(str(path))
@@ -263,8 +277,7 @@ def plugin_library(tmp_path_factory) -> Path:
     return build / "libmsar_plugins.so"
 
 
-@pytest.mark.parametrize("key", [g for g in GRAPHS if g[2] in ("fused", "retrieval", "custom")],
-                         ids=[i for g, i in zip(GRAPHS, IDS) if g[2] in ("fused", "retrieval", "custom")])
+@pytest.mark.parametrize("key", graph_params(("fused", "retrieval", "custom")))
 def test_custom_op_graphs_build_with_plugin_layers(graphs, plugin_library, tmp_path, key):
     """In a subprocess: a parser that aborts (the crash this fixed) fails the test
     instead of killing pytest."""

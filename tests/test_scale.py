@@ -67,7 +67,7 @@ def _fault_file(path, out, source: int):
     ir.save(model, out)
 
 
-@pytest.mark.parametrize("decode", [False, True], ids=["prefill", "decode"])
+@pytest.mark.parametrize("decode", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["prefill", "decode"])
 def test_deep_export_passes_and_a_two_percent_tap_fault_fails(deep_ckpt, tmp_path, decode):
     opts = ExportOptions(decode=decode)
     good = export_checkpoint(deep_ckpt, tmp_path / "good.onnx", opts)
