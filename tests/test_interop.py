@@ -225,3 +225,83 @@ def test_quantize_dynamic(files, ck, kind, per_channel, tmp_path):
     # Dynamic quantization also rounds every activation entering a MatMul to 8 bits,
     # so it may cost several times what the weights alone do; a broken graph costs O(1).
     assert w > 0 and e <= 8 * w + 1e-2, (e, w)
+
+
+# -- tools that keep our files intact as they are ----------------------------------------------
+
+@pytest.mark.parametrize("ck,kind", CASES)
+@pytest.mark.parametrize("level", ["ORT_ENABLE_BASIC", pytest.param("ORT_ENABLE_EXTENDED", marks=SLOW), "ORT_ENABLE_ALL"])
+def test_ort_optimized_model_saved_and_reloaded(files, ck, kind, level, tmp_path):
+    path, feeds, *_ = case = files[ck, kind]
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    opts.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    assert_faithful(ort_logits(onnx.load(tmp_path / "opt.onnx"), feeds), case, f"ORT {level} saved, on {ck}/{kind}")
+
+
+@pytest.mark.parametrize("ck,kind", CASES)
+def test_onnxsim_and_onnxoptimizer(files, ck, kind):
+    import onnxoptimizer
+    from onnxsim import simplify
+
+    path, feeds, *_ = case = files[ck, kind]
+    simplified, ok = simplify(onnx.load(path))
+    assert ok
+    assert_faithful(ort_logits(simplified, feeds), case, f"onnxsim on {ck}/{kind}")
+    assert_faithful(ort_logits(onnxoptimizer.optimize(onnx.load(path)), feeds), case, f"onnxoptimizer on {ck}/{kind}")
+
+
+def polygraphy(*args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("polygraphy")
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("ck,kind", [("random", "fused"), pytest.param("random", "decode", marks=SLOW)])
+def test_polygraphy_cli_surgeon_then_repair_and_run(files, ck, kind, tmp_path):
+    """The real `polygraphy surgeon sanitize` (it needs onnx-graphsurgeon, a dependency now):
+    its output loses the overloads; `msar-export onnx repair` restores a file ORT runs faithfully."""
+    import subprocess
+    import sys
+
+    path, feeds, *_ = case = files[ck, kind]
+    out = tmp_path / "sanitized.onnx"
+    r = polygraphy("surgeon", "sanitize", path, "-o", out, "--fold-constants")
+    assert r.returncode == 0, r.stdout + r.stderr
+    with pytest.raises(Exception, match="Duplicate model-local function"):
+        ort_logits(onnx.load(out), feeds)
+    fixed = tmp_path / "fixed.onnx"
+    r = subprocess.run([sys.executable, "-m", "msar_export.cli", "onnx", "repair", str(out), "-o", str(fixed),
+                        "--functions-from", str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert_faithful(ort_logits(onnx.load(fixed), feeds), case, f"polygraphy sanitize + repair on {ck}/{kind}")
+    r = polygraphy("inspect", "model", fixed, "--show", "layers")
+    op = "FusedMixer" if kind == "fused" else "DepthRetrieval"
+    assert r.returncode == 0 and f"Op: {op}" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    if kind == "fused":
+        r = polygraphy("run", fixed, "--onnxrt", "--input-shapes", f"input_ids:[{B},{T}]")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_cli_commands_write_files_that_match(files, tmp_path):
+    import subprocess
+    import sys
+
+    path, feeds, *_ = case = files["random", "decode"]
+    cli = [sys.executable, "-m", "msar_export.cli", "onnx"]
+    for args, out in ((["convert-opset", path, "--opset", "21"], "o21.onnx"), (["sanitize", path], "san.onnx")):
+        r = subprocess.run([*cli, *map(str, args), "-o", str(tmp_path / out)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert_faithful(ort_logits(onnx.load(tmp_path / out), feeds), case, f"msar-export onnx {args[0]}")
+    r = subprocess.run([*cli, "reference", str(path), "--save", str(tmp_path / "ref.npy")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "ReferenceEvaluator" in r.stdout, r.stderr
+    assert np.load(tmp_path / "ref.npy").shape == (2, 7, 61)
+    r = subprocess.run([*cli, "convert-opset", str(path), "--opset", "12", "-o", str(tmp_path / "down.onnx")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "cannot convert opset 18 -> 12" in r.stderr
+    assert not (tmp_path / "down.onnx").exists()
