@@ -13,6 +13,7 @@ import torch
 
 from .config import MSARConfig
 from .errors import OnnxModelError, first_line
+from .graph_spec import LOGITS, META_CONFIG, GraphSpec
 from .model.generate import check_token_batch, decode_loop
 
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": None}
@@ -51,20 +52,9 @@ def open_session(path: str | os.PathLike, providers: list[str] | None = None, th
 
 def config_of(session, path) -> MSARConfig:
     meta = session.get_modelmeta().custom_metadata_map
-    if "msar.config" not in meta:
-        raise OnnxModelError(f"{path}: no msar.config metadata; export it with `msar-export export`")
-    return MSARConfig.from_json(meta["msar.config"])
-
-
-def empty_cache_feeds(c: MSARConfig, batch: int, dtype) -> dict[str, np.ndarray]:
-    """The decode graph's past inputs for `batch` rows and no past tokens (every backend's start)."""
-    feeds = {}
-    for k in range(c.n_blocks):
-        for part in ("key", "value"):
-            feeds[f"past_key_values.{k}.{part}"] = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), dtype)
-    if c.residual == "msar":
-        feeds["past_conv_state"] = np.zeros((c.n_sublayers + 1, batch, c.kmax - 1, c.d_model), dtype)
-    return feeds
+    if META_CONFIG not in meta:
+        raise OnnxModelError(f"{path}: no {META_CONFIG} metadata; export it with `msar-export export`")
+    return MSARConfig.from_json(meta[META_CONFIG])
 
 
 class OrtModel:
@@ -89,26 +79,26 @@ class OrtDecoder:
         self.session = open_session(path, providers, threads, optimization)
         self.cfg = config_of(self.session, path)
         names = [i.name for i in self.session.get_inputs()]
-        if "past_key_values.0.key" not in names:
-            raise OnnxModelError(f"{path}: not a decode graph (no past_key_values inputs); export it with --decode")
+        self.spec = GraphSpec(self.cfg, decode=True)
+        first_cache = self.spec.cache_inputs[0].name
+        if first_cache not in names:
+            raise OnnxModelError(f"{path}: not a decode graph (no {first_cache} input); export it with --decode")
         self.input_names = names
         self.output_names = [o.name for o in self.session.get_outputs()]
-        kv_type = self.session.get_inputs()[names.index("past_key_values.0.key")].type
+        kv_type = self.session.get_inputs()[names.index(first_cache)].type
         if ORT_DTYPES.get(kv_type) is None:
             raise OnnxModelError(f"{path}: cache dtype {kv_type} cannot be fed from numpy; use a float32 or float16 export")
         self.cache_dtype = ORT_DTYPES[kv_type]
 
     def empty_cache(self, batch: int) -> dict[str, np.ndarray]:
-        return empty_cache_feeds(self.cfg, batch, self.cache_dtype)
+        return self.spec.empty_cache(batch, self.cache_dtype)
 
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
              cache: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         feeds = {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64),
                  "position_ids": position_ids.astype(np.int64), **cache}
         outs = dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
-        new = {n.replace("present.", "past_key_values.").replace("present_conv", "past_conv"): v
-               for n, v in outs.items() if n != "logits"}
-        return outs["logits"], new
+        return outs[LOGITS], self.spec.next_cache(outs)
 
     def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,

@@ -15,7 +15,7 @@ from msar_export.checkpoint import load_checkpoint
 from msar_export.errors import InputError
 from msar_export.export import ExportOptions, export_model
 from msar_export.runners import output_names
-from msar_export.runners.common import HIDDEN_PATTERN, layer_index, layer_order
+from msar_export.runners.common import layer_index, layer_order
 from msar_export.runners.eager import ModelFromCheckpoint, TorchRunner
 from msar_export.runners.onnxrt import onnxrt_runner, uses_external_data
 from msar_export.runners.trt import tensorrt_unavailable, trt_runner_from_onnx
@@ -123,9 +123,6 @@ def test_onnxrt_runner_over_external_data_model(exported, tmp_path):
 
 
 def test_names_agree_with_the_exporter(exported):
-    from msar_export.export.exporter import HIDDEN_NAME
-
-    assert HIDDEN_PATTERN == HIDDEN_NAME
     cfg = exported[2]
     assert layer_order(cfg)[-1] == "logits" and layer_order(cfg)[0] == "hidden.1"
     assert [layer_index(n) for n in layer_order(cfg)] == list(range(1, cfg.n_sublayers + 2)) + [None]

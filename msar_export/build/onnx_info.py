@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import OnnxModelError
 from ..export.contracts import DOMAIN
+from ..graph_spec import META_CONFIG, META_DTYPE, META_GRAPH
 from ..onnx_file import inspect_onnx
 
 
@@ -40,9 +41,9 @@ def read_onnx(path: str | os.PathLike) -> OnnxInfo:
     model = inspect_onnx(path)  # OnnxModelError for a missing, empty, truncated or non-ONNX file
     meta = {p.key: p.value for p in model.metadata_props}
     max_seq_len = 512
-    if "msar.config" in meta:
+    if META_CONFIG in meta:
         try:
-            max_seq_len = int(json.loads(meta["msar.config"]).get("max_seq_len", max_seq_len))
+            max_seq_len = int(json.loads(meta[META_CONFIG]).get("max_seq_len", max_seq_len))
         except (ValueError, TypeError, AttributeError, RecursionError):
             pass
 
@@ -70,5 +71,5 @@ def read_onnx(path: str | os.PathLike) -> OnnxInfo:
     del model.functions[:]
     model.functions.extend(kept)
 
-    return OnnxInfo(path=path, inputs=inputs, graph=meta.get("msar.graph", "prefill"), dtype=meta.get("msar.dtype"),
+    return OnnxInfo(path=path, inputs=inputs, graph=meta.get(META_GRAPH, "prefill"), dtype=meta.get(META_DTYPE),
                     max_seq_len=max_seq_len, custom_ops=custom, parser_bytes=model.SerializeToString())

@@ -88,9 +88,9 @@ def decode_batches(model, shapes, cache_dtype, seed: int = 0) -> list[OrderedDic
     process the second half on top of that past."""
     import torch
 
-    from ..export.graphs import decode_io_names
+    from ..graph_spec import GraphSpec
 
-    names = decode_io_names(model.cfg)[0]
+    names = GraphSpec(model.cfg, decode=True).input_names
     feeds = []
     for feed in token_batches(model.cfg, shapes, seed):
         ids = torch.as_tensor(feed[INPUT_NAME])

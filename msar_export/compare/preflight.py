@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..config import MSARConfig
 from ..errors import ConfigError, EngineError, OnnxModelError
+from ..graph_spec import META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH, GraphSpec
 from ..runners.common import INPUT_NAME, LOGITS_NAME, hidden_name
 
 
@@ -51,27 +52,26 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
     path = Path(path)
     proto = _load_proto(path)
     meta = {p.key: p.value for p in proto.metadata_props}
-    if "msar.config" not in meta:
+    if META_CONFIG not in meta:
         raise OnnxModelError(f"--onnx {path}: no msar.config metadata, so it was not exported by msar-export; "
                              "export the checkpoint with `msar-export export CKPT -o model.onnx`")
     try:
-        graph_cfg = MSARConfig.from_json(meta["msar.config"], "msar.config metadata")
+        graph_cfg = MSARConfig.from_json(meta[META_CONFIG], "msar.config metadata")
     except ConfigError as e:
         raise OnnxModelError(f"--onnx {path}: unreadable msar.config metadata ({e})") from None
     diff = _config_diff(graph_cfg, ckpt_cfg)
     if diff:
         raise OnnxModelError(f"--onnx {path} was exported from a different model than this checkpoint "
                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})")
-    decode = meta.get("msar.graph", "prefill") == "decode"
+    decode = meta.get(META_GRAPH, "prefill") == "decode"
     inits = {t.name: t for t in proto.graph.initializer}
     inputs = [v for v in proto.graph.input if v.name not in inits]
     if decode:
-        from ..export.graphs import decode_io_names
-
-        want = decode_io_names(ckpt_cfg)[0]
+        spec = GraphSpec(ckpt_cfg, decode=True)
+        want = spec.input_names
         if [v.name for v in inputs] != want:
             raise OnnxModelError(f"--onnx {path}: decode graph inputs are {[v.name for v in inputs]}, expected {want}")
-        cache = next(v for v in inputs if v.name == "past_key_values.0.key").type.tensor_type.elem_type
+        cache = next(v for v in inputs if v.name == spec.cache_inputs[0].name).type.tensor_type.elem_type
         if cache not in (1, 10):  # FLOAT, FLOAT16: what numpy can feed
             raise OnnxModelError(f"--onnx {path}: a bfloat16 decode graph's cache cannot be fed from numpy; "
                                  "check its float32 export (or the prefill graph)")
@@ -97,10 +97,10 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
     if missing:
         raise OnnxModelError(f"--onnx {path}: no value named {missing[0]} (of {len(missing)} mixer outputs missing); "
                              "re-export with this msar-export, which names every mixer output hidden.{l}")
-    precision = meta.get("msar.dtype", "float32")
+    precision = meta.get(META_DTYPE, "float32")
     if precision not in ("float32", "float16", "bfloat16"):
         raise OnnxModelError(f"--onnx {path}: unknown msar.dtype {precision!r}")
-    return GraphInfo(path, graph_cfg, precision, meta.get("msar.decomposed") == "true", decode)
+    return GraphInfo(path, graph_cfg, precision, meta.get(META_DECOMPOSED) == "true", decode)
 
 
 def check_engine_path(engine) -> Path:

@@ -21,7 +21,9 @@ from ..fileio import check_output_file, os_errors_as_output_errors, scratch_dir_
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import depth_retrieval_function, fused_mixer_function
 from .optimize import optimize_model, remove_identity_casts, separate_consumed_outputs
-from .graphs import DecodeGraph, PrefillGraph, decode_io_names, dynamic_shapes, example_inputs
+from ..graph_spec import (HIDDEN, META_CHECKPOINT, META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH,
+                          META_MIXER_OP, GraphSpec)
+from .graphs import DecodeGraph, PrefillGraph, dynamic_shapes, example_inputs
 
 TWO_GB = 2 * 1024**3
 # Protobuf's 2 GB limit, less room for the graph itself.
@@ -96,10 +98,8 @@ def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
     # afterwards (inline_functions): torch.export then sees one node per mixer,
     # not one group per (mixer, source) pair, which made its time quadratic in depth.
     module = graph_cls(model, custom_ops=True, fused=opts.mixer_op == "fused").eval()
-    if opts.decode:
-        in_names, out_names = decode_io_names(model.cfg)
-    else:
-        in_names, out_names = ["input_ids"], ["logits"]
+    spec = GraphSpec(model.cfg, opts.decode)
+    in_names, out_names = spec.input_names, spec.output_names
     # The exporter prints progress and warnings of its own; keep the CLI's output ours.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_torch_logs():
         warnings.simplefilter("ignore")
@@ -182,9 +182,6 @@ def name_dims(model: ir.Model) -> None:
             v.shape = ir.Shape([v.shape[0], "past + seq"])
 
 
-HIDDEN_NAME = "hidden.{}"
-
-
 def name_hidden_states(model: ir.Model, n_sublayers: int) -> None:
     """Rename each mixer output h_l to `hidden.{l}` so parity checks can find it.
 
@@ -210,7 +207,7 @@ def name_hidden_states(model: ir.Model, n_sublayers: int) -> None:
     for l, v in found.items():
         if v.is_graph_output():
             continue
-        v.name = HIDDEN_NAME.format(l)
+        v.name = HIDDEN.format(l)
 
 
 def describe(model: ir.Model, cfg, opts: ExportOptions, source_name: str) -> None:
@@ -220,12 +217,12 @@ def describe(model: ir.Model, cfg, opts: ExportOptions, source_name: str) -> Non
     model.producer_version = __version__
     model.graph.name = f"msar_lm_{cfg.residual}_{'decode' if opts.decode else 'prefill'}"
     model.metadata_props.update({
-        "msar.config": cfg.to_json().strip(),
-        "msar.graph": "decode" if opts.decode else "prefill",
-        "msar.decomposed": str(opts.decomposed).lower(),
-        "msar.dtype": opts.dtype,
-        "msar.mixer_op": "none" if opts.decomposed else opts.mixer_op,
-        "msar.checkpoint": source_name,
+        META_CONFIG: cfg.to_json().strip(),
+        META_GRAPH: "decode" if opts.decode else "prefill",
+        META_DECOMPOSED: str(opts.decomposed).lower(),
+        META_DTYPE: opts.dtype,
+        META_MIXER_OP: "none" if opts.decomposed else opts.mixer_op,
+        META_CHECKPOINT: source_name,
     })
 
 

@@ -12,18 +12,6 @@ from ..model.lm import DecodeCache
 from .custom_paths import FusedMixerPath, RetrievalOpPath, pack_conv_weights
 
 
-def decode_io_names(cfg) -> tuple[list[str], list[str]]:
-    ins = ["input_ids", "attention_mask", "position_ids"]
-    outs = ["logits"]
-    for k in range(cfg.n_blocks):
-        ins += [f"past_key_values.{k}.key", f"past_key_values.{k}.value"]
-        outs += [f"present.{k}.key", f"present.{k}.value"]
-    if cfg.residual == "msar":
-        ins.append("past_conv_state")
-        outs.append("present_conv_state")
-    return ins, outs
-
-
 class _Graph(nn.Module):
     def __init__(self, model, custom_ops: bool, fused: bool = True):
         super().__init__()

@@ -6,18 +6,19 @@ import numpy as np
 
 from ..config import MSARConfig
 from ..errors import OnnxModelError
+from ..graph_spec import META_CONFIG
 
 
 def config_of_model(model) -> MSARConfig:
     meta = {p.key: p.value for p in model.metadata_props}
-    if "msar.config" not in meta:
+    if META_CONFIG not in meta:
         raise OnnxModelError("no msar.config metadata; export the file with `msar-export export`")
-    return MSARConfig.from_json(meta["msar.config"])
+    return MSARConfig.from_json(meta[META_CONFIG])
 
 
 def seeded_feeds(model, batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
     """input_ids (and, for a decode graph, a full mask, positions and empty caches)."""
-    from ..runtime import empty_cache_feeds
+    from ..graph_spec import GraphSpec
 
     cfg = config_of_model(model)
     names = {i.name for i in model.graph.input}
@@ -27,7 +28,7 @@ def seeded_feeds(model, batch: int, seq: int, seed: int) -> dict[str, np.ndarray
         dtype = _float_input_dtype(model)
         feeds["attention_mask"] = np.ones((batch, seq), np.int64)
         feeds["position_ids"] = np.tile(np.arange(seq, dtype=np.int64), (batch, 1))
-        feeds.update(empty_cache_feeds(cfg, batch, dtype))
+        feeds.update(GraphSpec(cfg, decode=True).empty_cache(batch, dtype))
     return {k: v for k, v in feeds.items() if k in names}
 
 

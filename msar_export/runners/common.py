@@ -1,16 +1,10 @@
-"""Names every runner agrees on (MSAR_SPEC.md section 3 and the exporter's `hidden.{l}`)."""
+"""The output lists every runner agrees on (names from msar_export.graph_spec)."""
 
 from __future__ import annotations
 
-INPUT_NAME = "input_ids"
-LOGITS_NAME = "logits"
-# Same pattern as msar_export.export.exporter.HIDDEN_NAME; tests check that they agree.
-HIDDEN_PATTERN = "hidden.{}"
-
-
-def hidden_name(l: int) -> str:
-    """Name of the mixer output h_l (l = 1..L+1) in every runner's outputs."""
-    return HIDDEN_PATTERN.format(l)
+from ..graph_spec import INPUT_IDS as INPUT_NAME
+from ..graph_spec import LOGITS as LOGITS_NAME
+from ..graph_spec import hidden_index, hidden_name
 
 
 def output_names(cfg) -> list[str]:
@@ -25,5 +19,4 @@ def layer_order(cfg) -> list[str]:
 
 def layer_index(name: str) -> int | None:
     """`hidden.3` -> 3; `logits` -> None."""
-    prefix = HIDDEN_PATTERN.format("")
-    return int(name[len(prefix):]) if name.startswith(prefix) else None
+    return hidden_index(name)

@@ -57,15 +57,10 @@ class TorchRunner(BaseRunner):
         meta = TensorMetadata().add(INPUT_NAME, dtype=np.int64, shape=("batch", "seq"))
         if self.decode_cache_dtype is None:
             return meta
-        from ..export.graphs import decode_io_names
+        from ..graph_spec import GraphSpec
 
-        cfg = self.model.cfg
-        meta.add("attention_mask", dtype=np.int64, shape=("batch", "past + seq"))
-        meta.add("position_ids", dtype=np.int64, shape=("batch", "seq"))
-        for name in decode_io_names(cfg)[0][3:]:
-            shape = ((cfg.n_sublayers + 1, "batch", cfg.kmax - 1, cfg.d_model) if name == "past_conv_state"
-                     else ("batch", cfg.n_kv_heads, "past", cfg.head_dim))
-            meta.add(name, dtype=self.decode_cache_dtype, shape=shape)
+        for port in GraphSpec(self.model.cfg, decode=True).inputs[1:]:
+            meta.add(port.name, dtype=self.decode_cache_dtype if port.kind == "cache" else np.int64, shape=port.axes)
         return meta
 
     def _cache(self, feed_dict):
@@ -81,10 +76,12 @@ class TorchRunner(BaseRunner):
         def t(name):
             return torch.as_tensor(np.asarray(feed_dict[name])).to(self.device)
 
-        keys = [t(f"past_key_values.{k}.key").to(dt) for k in range(cfg.n_blocks)]
-        values = [t(f"past_key_values.{k}.value").to(dt) for k in range(cfg.n_blocks)]
-        conv = t("past_conv_state").to(dt) if cfg.residual == "msar" else None
-        return DecodeCache(keys, values, conv), t("attention_mask"), t("position_ids")
+        from ..graph_spec import ATTENTION_MASK, PAST_CONV, PAST_KEY, PAST_VALUE, POSITION_IDS
+
+        keys = [t(PAST_KEY.format(k)).to(dt) for k in range(cfg.n_blocks)]
+        values = [t(PAST_VALUE.format(k)).to(dt) for k in range(cfg.n_blocks)]
+        conv = t(PAST_CONV).to(dt) if cfg.residual == "msar" else None
+        return DecodeCache(keys, values, conv), t(ATTENTION_MASK), t(POSITION_IDS)
 
     def infer_impl(self, feed_dict):
         import torch

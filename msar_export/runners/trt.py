@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BackendUnavailable, InputError
+from ..graph_spec import LOGITS, META_CONFIG, GraphSpec
 
 
 def tensorrt_unavailable() -> str | None:
@@ -158,9 +159,9 @@ class TrtDecoder:
             raise EngineError(f"{Path(engine_path).name} is {self.meta.dtype}: its cache cannot be fed from numpy; "
                               "build the float32 or float16 decode graph")
         props = {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
-        if "msar.config" not in props:
-            raise OnnxModelError(f"{onnx_path}: no msar.config metadata; export it with `msar-export export`")
-        self.cfg = MSARConfig.from_json(props["msar.config"])
+        if META_CONFIG not in props:
+            raise OnnxModelError(f"{onnx_path}: no {META_CONFIG} metadata; export it with `msar-export export`")
+        self.cfg = MSARConfig.from_json(props[META_CONFIG])
         self.cache_dtype = np.float16 if self.meta.dtype == "float16" else np.float32
         if runner is None:
             why = engine_not_run_reason(engine_path, self.meta)
@@ -170,9 +171,7 @@ class TrtDecoder:
         self.runner = runner
 
     def empty_cache(self, batch: int) -> dict:
-        from ..runtime import empty_cache_feeds
-
-        return empty_cache_feeds(self.cfg, batch, self.cache_dtype)
+        return GraphSpec(self.cfg, decode=True).empty_cache(batch, self.cache_dtype)
 
     def step(self, input_ids, attention_mask, position_ids, cache):
         from ..build.metadata import check_input_shapes
@@ -181,9 +180,7 @@ class TrtDecoder:
                  "position_ids": np.asarray(position_ids, np.int64), **cache}
         check_input_shapes(self.meta, {k: tuple(v.shape) for k, v in feeds.items()})  # one line, before TensorRT
         outs = {k: np.asarray(v.cpu() if hasattr(v, "cpu") else v) for k, v in self.runner.infer(feeds).items()}
-        new = {n.replace("present.", "past_key_values.").replace("present_conv", "past_conv"): v
-               for n, v in outs.items() if n != "logits"}
-        return outs["logits"], new
+        return outs[LOGITS], GraphSpec(self.cfg, decode=True).next_cache(outs)
 
     def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,

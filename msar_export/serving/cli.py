@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
+from ..graph_spec import META_CONFIG, META_GRAPH
 
 SERVE_EPILOG = """\
 SRC is a checkpoint directory (both graphs are exported first, into --workdir, and
@@ -148,7 +149,7 @@ def resolve_sources(srcs: list[str], workdir: Path | None, trust_pickle: bool = 
     prefill = decode = None
     for p in paths:
         io = read_onnx_io(p)
-        graph = io.metadata.get("msar.graph") or ("decode" if any(t.name == "attention_mask" for t in io.inputs)
+        graph = io.metadata.get(META_GRAPH) or ("decode" if any(t.name == "attention_mask" for t in io.inputs)
                                                   else "prefill")
         if graph == "decode":
             if decode:
@@ -221,7 +222,7 @@ def cmd_serve(a) -> int:
     from ..config import MSARConfig
     from .modelconfig import read_onnx_io
 
-    cfg = MSARConfig.from_json(read_onnx_io(prefill or decode).metadata["msar.config"], "msar.config metadata")
+    cfg = MSARConfig.from_json(read_onnx_io(prefill or decode).metadata[META_CONFIG], "msar.config metadata")
     # The largest input a request may carry: input_ids of max_batch rows of max_seq_len tokens.
     server = TritonServer(repo, a.port_http, a.port_grpc, log_path=workdir / "tritonserver.log", verbose=a.verbose,
                           max_elements=a.max_batch * cfg.max_seq_len)

@@ -65,8 +65,12 @@ class MsarOnnx:
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.is_decode = "attention_mask" in self.inputs
-        self.cache_specs = [(n, i.shape, ORT_TO_NP.get(i.type)) for n, i in self.inputs.items()
-                            if n.startswith("past")]
+        # This file runs alone in Triton's stub (no msar_export package there), so it does
+        # not import graph_spec: the graph lists its caches after input_ids, attention_mask,
+        # position_ids, and their next values after logits, in the same order.
+        past = list(self.inputs)[3:] if self.is_decode else []
+        self.next_cache_names = dict(zip(self.output_names[1:], past))
+        self.cache_specs = [(n, self.inputs[n].shape, ORT_TO_NP.get(self.inputs[n].type)) for n in past]
         if any(dt is None for _, _, dt in self.cache_specs):
             raise ValueError(f"{path}: cache dtype cannot be fed from numpy; serve a float32 or float16 export")
 
@@ -99,9 +103,7 @@ class MsarOnnx:
     def step(self, ids, mask, positions, cache):
         feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **cache}
         outs = dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
-        new = {n.replace("present.", "past_key_values.").replace("present_conv", "past_conv"): v
-               for n, v in outs.items() if n != "logits"}
-        return outs["logits"], new
+        return outs["logits"], {self.next_cache_names[n]: v for n, v in outs.items() if n in self.next_cache_names}
 
     def logits(self, rows: list[np.ndarray]) -> np.ndarray:
         """Right-padded batch of 1-D rows -> logits [n, maxT, vocab]."""

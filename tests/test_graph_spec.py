@@ -1,0 +1,45 @@
+"""The graph spec is what the exporter writes and what every runtime feeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import make_checkpoint
+from msar_export.config import MSARConfig
+from msar_export.export import ExportOptions, export_checkpoint
+from msar_export.graph_spec import GraphSpec, hidden_index, hidden_name
+from msar_export.runtime import OrtDecoder
+
+
+@pytest.mark.parametrize("residual", ["msar", "attnres"])
+def test_exported_decode_graph_is_the_spec(tmp_path, residual):
+    ckpt, cfg_dict = make_checkpoint(tmp_path / "ckpt", seed=4, residual=residual)
+    path = tmp_path / "d.onnx"
+    export_checkpoint(ckpt, path, ExportOptions(decode=True), validate=False)
+    spec = GraphSpec(MSARConfig.from_dict(cfg_dict), decode=True)
+    g = onnx.load(path).graph
+    assert [v.name for v in g.input] == spec.input_names
+    assert [v.name for v in g.output] == spec.output_names
+    for port, v in zip(spec.inputs + spec.outputs, list(g.input) + list(g.output)):
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in v.type.tensor_type.shape.dim]
+        fixed = [a if isinstance(a, int) else None for a in port.axes]
+        assert [d if isinstance(d, int) else None for d in dims] == fixed, port.name
+
+    dec = OrtDecoder(path)
+    cache = spec.empty_cache(2, np.float32)
+    assert set(cache) == {p.name for p in spec.cache_inputs}
+    ids = np.zeros((2, 3), np.int64)
+    logits, nxt = dec.step(ids, np.ones((2, 3), np.int64), np.tile(np.arange(3), (2, 1)), cache)
+    assert set(nxt) == set(cache) and logits.shape == (2, 3, cfg_dict["vocab_size"])
+    assert all(v.shape[spec.cache_inputs[0].axes.index("past")] == 3 for k, v in nxt.items() if "key" in k)
+
+
+def test_prefill_spec_and_hidden_names():
+    cfg = MSARConfig()
+    spec = GraphSpec(cfg, decode=False)
+    assert spec.input_names == ["input_ids"] and spec.output_names == ["logits"] and not spec.cache_inputs
+    assert spec.hidden_names[0] == hidden_name(1) and hidden_index(spec.hidden_names[-1]) == cfg.n_sublayers + 1
+    assert hidden_index("hidden.") is None and hidden_index("logits") is None and hidden_index("hidden.1x") is None
+    assert spec.next_cache({"logits": 1}) == {}
