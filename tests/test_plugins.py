@@ -248,7 +248,7 @@ def test_emulated_fused_mixer_with_taps_prepared_once(emulated):
     prepared buffer (zeroed taps give another answer)."""
     inp = K.random_fused_mixer_inputs(3, 2, 9, 40, [1, 3, 5], seed=7)
     taps = emulated.prepare_taps(inp["conv_weight"], 3, inp["stream_kernels"])
-    assert taps.numel() == emulated.fused_mixer_workspace(3, 40, [1, 3, 5]) >= 3 * 8 * 40 * 4
+    assert taps.numel() == emulated.fused_mixer_taps_size(3, 40, [1, 3, 5]) >= 3 * 8 * 40 * 4
     want = emulated.fused_mixer(**inp)
     for _ in range(2):
         got = emulated.fused_mixer(**inp, prepared_taps=taps, workspace=torch.empty(1, dtype=torch.uint8))
