@@ -201,6 +201,17 @@ def cuda_include_dir() -> Path | None:
     return None
 
 
+def emulation_unavailable(compiler: str = "g++") -> str | None:
+    """Why the CPU emulation cannot be built here (needs g++ >= 11 for std::barrier and the CUDA headers), or None."""
+    gxx = shutil.which(compiler)
+    if gxx is None:
+        return f"{compiler} not found"
+    version = subprocess.run([gxx, "-dumpversion"], capture_output=True, text=True).stdout.strip()
+    if not version or int(version.split(".")[0]) < 11:
+        return f"{compiler} {version or '?'} is older than 11 (std::barrier)"
+    return None if cuda_include_dir() is not None else "CUDA headers (cuda_runtime.h) not found; set CUDA_HOME"
+
+
 def compile_emulation_library(out: str | os.PathLike, compiler: str = "g++") -> Path:
     """Build the CPU emulation of the kernels (needs g++ >= 11 and the CUDA headers, no GPU)."""
     inc = cuda_include_dir()

@@ -48,7 +48,7 @@ typedef struct MsarFusedMixerArgs
 } MsarFusedMixerArgs;
 
 /* Scratch bytes the launcher can use: the taps transposed to [n][K][d] float32 (msarFusedMixerTapsSize),
-   then room for split-source partial results (at most 16 MiB; used when B*T is small). A workspace of only
+   then room for split-source partial results (at most 32 MiB; used when B*T is small). A workspace of only
    msarFusedMixerTapsSize bytes works too, without the split. */
 size_t msarFusedMixerWorkspaceSize(int32_t n_sources, int64_t d, int32_t const* stream_kernels, int32_t n_streams);
 

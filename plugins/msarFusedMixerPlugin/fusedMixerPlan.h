@@ -19,7 +19,7 @@ constexpr int kTileThreads = 256;
 //! Source splits merged by log-sum-exp; more would make the merge outweigh the work at n = 97.
 constexpr int kMaxSplits = 16;
 //! Split-source scratch inside the workspace: at most this many bytes (TensorRT shares it across layers).
-constexpr size_t kSplitBudgetBytes = size_t{16} << 20;
+constexpr size_t kSplitBudgetBytes = size_t{32} << 20;
 constexpr int64_t kSplitSlots = 256;
 
 inline int streamBucket(int m)
