@@ -10,7 +10,7 @@
  *   softmax over the n scores in warp 0;
  *   pass 2: z = sum_i alpha_i v_i over the block's slice of the channels.
  * A decode step has only B*m rows (4 at B=1), so each row is also split into
- * up to `slices` channel slices, one block each: every slice's block repeats
+ * up to `slices` channel slices, one block of up to 1024 threads each: every slice's block repeats
  * pass 1 over the whole row (an L2 hit after the first, since the kernel has
  * no workspace to share the scores) and writes only its slice. Prefill rows
  * are plenty: one slice, blocks stride over rows.
@@ -29,6 +29,9 @@ namespace
 {
 
 constexpr int kRetrievalThreads = 256;
+//! Decode rows are few and every slice's block walks the whole row in pass 1: 32 warps keep enough
+//! 16-byte loads in flight to cover L2 latency on one SM (docs/kernels.md).
+constexpr int kDecodeThreads = 1024;
 
 struct ViewTable
 {
@@ -50,7 +53,7 @@ struct RetrievalParams
 };
 
 template <typename T, int V>
-__global__ void __launch_bounds__(kRetrievalThreads) depthRetrievalKernel(RetrievalParams<T> const p, ViewTable const src)
+__global__ void __launch_bounds__(kDecodeThreads) depthRetrievalKernel(RetrievalParams<T> const p, ViewTable const src)
 {
     MSAR_DYNAMIC_SHARED(float, weight); // [n]: scores, then softmax weights
     int const lane = threadIdx.x % kWarpSize;
@@ -146,8 +149,9 @@ int32_t launchRetrieval(RetrievalParams<T> p, ViewTable const& src, cudaStream_t
     p.slices = slices < maxSlices ? slices : maxSlices;
     int64_t const jobs = p.rows * p.slices;
     int64_t const blocks = jobs < (1 << 20) ? jobs : (1 << 20);
+    int64_t const maxThreads = p.slices > 1 ? kDecodeThreads : kRetrievalThreads;
     int64_t threads = (p.chunks + kWarpSize - 1) / kWarpSize * kWarpSize;
-    threads = threads > kRetrievalThreads ? kRetrievalThreads : threads;
+    threads = threads > maxThreads ? maxThreads : threads;
     auto kernel = depthRetrievalKernel<T, V>;
     MSAR_LAUNCH(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), p.n * sizeof(float), stream)(
         p, src);

@@ -74,15 +74,15 @@ int32_t launchTileTs(MixerParams<T> p, SourceTable const& src, MixerPlan const& 
     return launchStatus();
 }
 
-template <typename T, int MB, int V>
-int32_t launchTileV(MixerParams<T> const& p, SourceTable const& src, MixerPlan const& pl, cudaStream_t stream)
+template <typename T, int MB, int TS>
+int32_t launchTileVec(MixerParams<T> const& p, SourceTable const& src, MixerPlan const& pl, cudaStream_t stream)
 {
-    constexpr int TSMAX = tileTokensMax(MB, V);
-    if (pl.ts == TSMAX)
+    constexpr int VEC = tileVec(static_cast<int>(sizeof(T)), MB, TS);
+    if (pl.vec == VEC)
     {
-        return launchTileTs<T, MB, TSMAX, V>(p, src, pl, stream);
+        return launchTileTs<T, MB, TS, VEC>(p, src, pl, stream);
     }
-    return pl.ts == 1 ? launchTileTs<T, MB, 1, V>(p, src, pl, stream) : MSAR_STATUS_UNSUPPORTED;
+    return pl.vec == 1 ? launchTileTs<T, MB, TS, 1>(p, src, pl, stream) : MSAR_STATUS_UNSUPPORTED;
 }
 
 template <typename T, int MB>
@@ -93,8 +93,18 @@ int32_t launchMixer(MixerParams<T> const& p, SourceTable const& src, MixerPlan c
     {
         return launchWarpMixer<T, MB>(p, src, batch, stream);
     }
-    constexpr int VEC = tileVec(static_cast<int>(sizeof(T)), MB);
-    return pl.vec == VEC ? launchTileV<T, MB, VEC>(p, src, pl, stream) : launchTileV<T, MB, 1>(p, src, pl, stream);
+    switch (pl.ts)
+    {
+    case 1: return launchTileVec<T, MB, 1>(p, src, pl, stream);
+    case 2: return launchTileVec<T, MB, 2>(p, src, pl, stream);
+    case 4:
+        if constexpr (tileTokensFit(MB, 4))
+        {
+            return launchTileVec<T, MB, 4>(p, src, pl, stream);
+        }
+        return MSAR_STATUS_UNSUPPORTED;
+    default: return MSAR_STATUS_UNSUPPORTED;
+    }
 }
 
 } // namespace

@@ -28,23 +28,35 @@ inline int streamBucket(int m)
 }
 
 /*!
- * Channels per thread and load: 16 bytes, but at most 32 / MB so that the
- * views a thread holds (MB * TS * V floats) stay at 32 registers.
+ * Channels per thread and load for TS tokens per block: 16 bytes, but at most
+ * 32 / (MB * TS) so that the views a thread holds (MB * TS * V floats) stay at
+ * 32 registers. More tokens per block beat wider loads: every tap loaded is
+ * used for TS tokens, and tap traffic is the tile kernel's binding limit
+ * (docs/kernels.md).
  */
-constexpr int tileVec(int elemBytes, int mb)
+constexpr int tileVec(int elemBytes, int mb, int ts)
 {
     int const v = 16 / elemBytes;
-    return v < 32 / mb ? v : 32 / mb;
+    int const cap = 32 / (mb * ts);
+    return v < cap ? v : (cap < 1 ? 1 : cap);
 }
 
-//! Tokens per block: the rest of the 32-register view budget, at most 4, and MB*TS <= 16
-//! (sum(v^2) and q.v of every (stream, token) in one 32-value reduction row).
-constexpr int tileTokensMax(int mb, int vec)
+//! Token tiles tried, most first: MB * TS <= 16 keeps sum(v^2) and q.v of every (stream, token) in one
+//! 32-value reduction row.
+constexpr int kTileTokenChoices[] = {4, 2, 1};
+
+constexpr bool tileTokensFit(int mb, int ts)
 {
-    int ts = 32 / (mb * vec);
-    ts = ts > 16 / mb ? 16 / mb : ts;
-    return ts < 1 ? 1 : (ts > 4 ? 4 : ts);
+    return mb * ts <= 16;
 }
+
+/*!
+ * Above this many tokens per SM the warp kernel (4 tokens per tap load, no z
+ * in shared memory) moves fewer bytes than the tile kernel, whose parallelism
+ * only pays while B*T is too small to fill the GPU with warps. From the model
+ * in docs/kernels.md; a GPU measurement (scripts/gpu_check.sh) should move it.
+ */
+constexpr int64_t kTileTokensPerSm = 8;
 
 inline size_t align256(size_t bytes)
 {
@@ -64,7 +76,7 @@ inline int64_t splitSlotFloats(int ts, int m, int mb, int64_t d)
 
 inline size_t splitRegionBytes(int m, int64_t d)
 {
-    size_t const want = static_cast<size_t>(kSplitSlots) * static_cast<size_t>(splitSlotFloats(1, m, 8, d)) * sizeof(float);
+    size_t const want = static_cast<size_t>(kSplitSlots) * static_cast<size_t>(splitSlotFloats(4, m, 8, d)) * sizeof(float);
     return align256(want < kSplitBudgetBytes ? want : kSplitBudgetBytes);
 }
 
@@ -77,7 +89,7 @@ inline size_t tileSmemBytes(int ts, int m, int mb, int64_t d, int threads)
 
 struct MixerPlan
 {
-    bool tile;    //!< the block-tile kernel; false: the warp kernel (z of one token does not fit shared memory)
+    bool tile;    //!< the block-tile kernel; false: the warp kernel (many tokens, or z of one token too big)
     int vec;      //!< channels per load (1: scalar, d or a pointer not aligned)
     int ts;       //!< tokens per block
     int threads;  //!< per block
@@ -96,18 +108,23 @@ inline MixerPlan planMixer(int elemBytes, bool aligned, int64_t batch, int64_t s
 {
     MixerPlan pl{};
     int const mb = streamBucket(m);
-    int const v = tileVec(elemBytes, mb);
-    pl.vec = aligned && d % v == 0 ? v : 1;
-    int64_t const chunks = (d + pl.vec - 1) / pl.vec;
-    int64_t const threads = (chunks + 31) / 32 * 32;
-    pl.threads = static_cast<int>(threads > kTileThreads ? kTileThreads : threads);
-    int const tsMax = tileTokensMax(mb, pl.vec);
-    for (int ts : {tsMax, 1})
+    if (batch * seq > kTileTokensPerSm * smCount)
     {
-        if (tileSmemBytes(ts, m, mb, d, pl.threads) <= smemOptin)
+        return pl; // enough tokens for the warp kernel
+    }
+    for (int ts : kTileTokenChoices)
+    {
+        int const v = tileVec(elemBytes, mb, ts);
+        int const vec = aligned && d % v == 0 ? v : 1;
+        int64_t const chunks = (d + vec - 1) / vec;
+        int64_t const threads = (chunks + 31) / 32 * 32;
+        int const nt = static_cast<int>(threads > kTileThreads ? kTileThreads : threads);
+        if (tileTokensFit(mb, ts) && tileSmemBytes(ts, m, mb, d, nt) <= smemOptin)
         {
             pl.tile = true;
             pl.ts = ts;
+            pl.vec = vec;
+            pl.threads = nt;
             break;
         }
     }

@@ -44,49 +44,53 @@ void offsets()
 
 void plans()
 {
-    // Main prefill shape of the issue: bf16, 4 streams, d = 4096, B*T = 64k tokens: one token per block, no split.
+    // Prefill at B*T = 64k tokens: the warp kernel (tap loads shared by 4 tokens) moves fewer bytes.
     MixerPlan p = planMixer(2, true, 16, 4096, 4096, 4, 97, 132, kH200Optin, splitRegionBytes(4, 4096));
-    CHECK(p.tile && p.vec == 8 && p.ts == 1 && p.threads == 256 && p.splits == 1);
-    CHECK(p.tiles == 16 * 4096 && p.blocks == p.tiles);
-    CHECK(p.smem == tileSmemBytes(1, 4, 4, 4096, 256) && p.smem <= kH200Optin);
+    CHECK(!p.tile);
+    // B*T*d above 2^31 (2^32 elements) is the warp kernel's too; the tile kernel's plan at the same d:
+    CHECK(!planMixer(2, true, 64, 8192, 8192, 4, 97, 132, kH200Optin, 0).tile);
 
-    // B*T*d above 2^31 (2^32 elements): the tile count stays exact in 64 bits.
-    p = planMixer(2, true, 64, 8192, 8192, 4, 97, 132, kH200Optin, splitRegionBytes(4, 8192));
-    CHECK(p.tile && p.tiles == int64_t{64} * 8192 && p.blocks == p.tiles);
-
-    // Decode-sized prefill: B = 1, T = 16 gives 16 tiles, so the 97 sources split 16 ways.
+    // Decode-sized prefill, bf16, d = 4096: two tokens per block (z is 128 KiB), 4-channel loads,
+    // 8 tiles, and the 97 sources split 16 ways.
     p = planMixer(2, true, 1, 16, 4096, 4, 97, 132, kH200Optin, splitRegionBytes(4, 4096));
-    CHECK(p.splits == kMaxSplits && p.blocks == 16 * kMaxSplits);
+    CHECK(p.tile && p.ts == 2 && p.vec == 4 && p.threads == 256);
+    CHECK(p.tiles == 8 && p.splits == kMaxSplits && p.blocks == 8 * kMaxSplits);
+    CHECK(p.smem == tileSmemBytes(2, 4, 4, 4096, 256) && p.smem <= kH200Optin);
+    // d = 1024: four tokens per block, 2-channel loads.
+    p = planMixer(2, true, 2, 100, 1024, 4, 25, 132, kH200Optin, splitRegionBytes(4, 1024));
+    CHECK(p.tile && p.ts == 4 && p.vec == 2 && p.tiles == 50 && p.splits == 5); // 256 four-token slots
+    // The tile count stays exact in 64 bits at the largest B*T the tile kernel takes.
+    p = planMixer(2, true, 1, kTileTokensPerSm * 132, 8192, 4, 97, 132, kH200Optin, 0);
+    CHECK(p.tile && p.ts == 1 && p.tiles == kTileTokensPerSm * 132 && p.splits == 1);
+
     // No workspace for the partials: no split, still correct.
     p = planMixer(2, true, 1, 16, 4096, 4, 97, 132, kH200Optin, 0);
     CHECK(p.splits == 1);
-    // Two sources: never split into ranges of one source.
+    // Three sources: never split into ranges of one source.
     p = planMixer(2, true, 1, 1, 4096, 4, 3, 132, kH200Optin, splitRegionBytes(4, 4096));
     CHECK(p.splits == 1);
 
     // Misaligned or odd d: scalar loads.
     CHECK(planMixer(2, false, 1, 8, 4096, 4, 5, 132, kH200Optin, 0).vec == 1);
     CHECK(planMixer(4, true, 1, 8, 4097, 4, 5, 132, kH200Optin, 0).vec == 1);
-    CHECK(planMixer(4, true, 1, 8, 4096, 4, 5, 132, kH200Optin, 0).vec == 4);
+    CHECK(planMixer(4, true, 1, 8, 256, 2, 5, 132, kH200Optin, 0).vec == 4);
 
     // z of one token for 8 streams at d = 8192 is 256 KiB: the warp kernel takes it.
     CHECK(!planMixer(4, true, 1, 8, 8192, 8, 5, 132, kH200Optin, 0).tile);
     // fp32, 4 streams, d = 8192: two tokens would need 256 KiB, one fits.
     p = planMixer(4, true, 1, 8, 8192, 4, 5, 132, kH200Optin, 0);
-    CHECK(p.tile && p.ts == 1);
+    CHECK(p.tile && p.ts == 1 && p.vec == 4);
     // A 48 KiB GPU (no opt-in) falls back to the warp kernel earlier.
     CHECK(!planMixer(2, true, 1, 8, 4096, 4, 5, 132, 48 * 1024, 0).tile);
 
-    // Register budget of the views: MB * TS * V <= 32 and MB * TS <= 16 for every bucket.
+    // Register budget of the views: MB * TS * V <= 32 for every bucket and tile.
     for (int mb : {2, 4, 8})
     {
         for (int elem : {2, 4})
         {
-            for (int v : {tileVec(elem, mb), 1})
+            for (int ts : kTileTokenChoices)
             {
-                int const ts = tileTokensMax(mb, v);
-                CHECK(mb * ts * v <= 32 || ts == 1);
-                CHECK(mb * ts <= 16);
+                CHECK(!tileTokensFit(mb, ts) || mb * ts * tileVec(elem, mb, ts) <= 32);
             }
         }
     }
