@@ -74,21 +74,26 @@ template <typename T, int MB, int TS, int V>
 __device__ __forceinline__ void tileViews(T const* __restrict__ x, float const* __restrict__ taps,
     MixerParams<T> const& p, int64_t t0, int64_t c, float (&v)[MB][TS][V])
 {
+    // Row and tap pointers step back by d per delta: one 64-bit add each instead of an
+    // index product per load (the loop is issue-bound: docs/kernels.md).
+    T const* row = x + t0 * p.d + c;
+    float const* tap[MB];
+#pragma unroll
+    for (int r = 1; r < MB; ++r)
+    {
+        tap[r] = taps + static_cast<int64_t>(p.offs[r] + p.ks[r] - 1) * p.d + c; // delta = 0 is tap k_r - 1
+    }
     float cur[TS][V];
 #pragma unroll
     for (int t = 0; t < TS; ++t)
     {
         if (t0 + t < p.seq)
         {
-            loadVec<T, V>(x + (t0 + t) * p.d + c, cur[t]);
+            loadVec<T, V>(row + t * p.d, cur[t]);
         }
         else
         {
-#pragma unroll
-            for (int e = 0; e < V; ++e)
-            {
-                cur[t][e] = 0.F;
-            }
+            zeroFill(cur[t]);
         }
 #pragma unroll
         for (int e = 0; e < V; ++e)
@@ -101,6 +106,8 @@ __device__ __forceinline__ void tileViews(T const* __restrict__ x, float const* 
             }
         }
     }
+    // Unrolled by TS so that the shift of cur[] becomes register renaming, not moves.
+#pragma unroll TS
     for (int delta = 0; delta < p.kmax; ++delta)
     {
         if (delta > 0)
@@ -114,18 +121,14 @@ __device__ __forceinline__ void tileViews(T const* __restrict__ x, float const* 
                     cur[t][e] = cur[t - 1][e];
                 }
             }
-            int64_t const tt = t0 - delta;
-            if (tt >= 0)
+            row -= p.d;
+            if (t0 - delta >= 0)
             {
-                loadVec<T, V>(x + tt * p.d + c, cur[0]);
+                loadVec<T, V>(row, cur[0]);
             }
             else
             {
-#pragma unroll
-                for (int e = 0; e < V; ++e)
-                {
-                    cur[0][e] = 0.F;
-                }
+                zeroFill(cur[0]);
             }
         }
 #pragma unroll
@@ -134,7 +137,8 @@ __device__ __forceinline__ void tileViews(T const* __restrict__ x, float const* 
             if (r < p.m && delta < p.ks[r])
             {
                 float w[V];
-                loadFloats<V>(taps + static_cast<int64_t>(p.offs[r] + p.ks[r] - 1 - delta) * p.d + c, w);
+                loadFloats<V>(tap[r], w);
+                tap[r] -= p.d;
 #pragma unroll
                 for (int t = 0; t < TS; ++t)
                 {
