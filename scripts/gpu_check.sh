@@ -67,7 +67,7 @@ note "# built in ${SECONDS} s; registers and spills per kernel: $DIR/ptxas.txt"
 # 2. Correctness against float64, then timing (the script stops starting timed cases at its own budget).
 extra=()
 [ "$QUICK" = 1 ] && extra=(--quick)
-"$PY" scripts/gpu_check.py --lib "$LIB" --out "$DIR/results.json" "${extra[@]}" 2>&1 | tee "$DIR/check.log"
+"$PY" scripts/gpu_check.py --lib "$LIB" --out "$DIR/results.json" ${extra[@]+"${extra[@]}"} 2>&1 | tee "$DIR/check.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -ne 0 ] && status=1
 grep -E "^(FAIL|time|#)" "$DIR/check.log" >>"$SUMMARY"
