@@ -131,7 +131,7 @@ class KernelLibrary:
         return int(self.lib.msarFusedMixerTapsSize(n_sources, d, ks, len(stream_kernels)))
 
     def prepare_taps(self, conv_weight: torch.Tensor, n_sources: int, stream_kernels) -> torch.Tensor:
-        """conv_weight [N, d, K] -> the kernel's taps [n][K][d] float32 (msarFusedMixerPrepareTaps), made once
+        """conv_weight [N, d, K] -> the kernel's taps [n][K][d] in its dtype (msarFusedMixerPrepareTaps), made once
         and passed to fused_mixer(prepared_taps=...) so no call transposes them again."""
         d = conv_weight.shape[1]
         need = self.fused_mixer_taps_size(n_sources, d, stream_kernels)

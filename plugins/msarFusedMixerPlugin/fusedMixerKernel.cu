@@ -24,9 +24,9 @@ namespace kernels
 namespace
 {
 
-//! conv_weight [N, d, K] (T) -> taps [n][K][d] float32, so a warp's tap loads are coalesced.
+//! conv_weight [N, d, K] -> taps [n][K][d], both T, so that a warp's tap loads are coalesced.
 template <typename T>
-__global__ void transposeTapsKernel(T const* __restrict__ w, float* __restrict__ taps, int64_t n, int64_t d, int64_t K)
+__global__ void transposeTapsKernel(T const* __restrict__ w, T* __restrict__ taps, int64_t n, int64_t d, int64_t K)
 {
     int64_t const total = n * K * d;
     for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
@@ -36,7 +36,7 @@ __global__ void transposeTapsKernel(T const* __restrict__ w, float* __restrict__
         int64_t const rest = idx / d;
         int64_t const k = rest % K;
         int64_t const i = rest / K;
-        taps[idx] = toFloat(w[(i * d + c) * K + k]);
+        taps[idx] = w[(i * d + c) * K + k];
     }
 }
 
@@ -109,7 +109,7 @@ int32_t launchMixer(MixerParams<T> const& p, SourceTable const& src, MixerPlan c
 
 } // namespace
 
-//! conv_weight [N, d, K] -> taps [n][K][d] float32 on `stream`.
+//! conv_weight [N, d, K] -> taps [n][K][d] on `stream`.
 template <typename T>
 int32_t prepareTaps(void const* convWeight, int32_t n, int64_t d, int64_t K, void* taps, cudaStream_t stream)
 {
@@ -119,7 +119,7 @@ int32_t prepareTaps(void const* convWeight, int32_t n, int64_t d, int64_t K, voi
     blocks = blocks > 4096 ? 4096 : blocks;
     auto kernel = transposeTapsKernel<T>;
     MSAR_LAUNCH(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream)(
-        static_cast<T const*>(convWeight), static_cast<float*>(taps), static_cast<int64_t>(n), d, K);
+        static_cast<T const*>(convWeight), static_cast<T*>(taps), static_cast<int64_t>(n), d, K);
     return launchStatus();
 }
 
@@ -198,7 +198,7 @@ int32_t fusedMixerForward(MsarFusedMixerArgs const& a, cudaStream_t stream)
     p.gateW = static_cast<T const*>(a.gate_weight);
     p.gateB = static_cast<T const*>(a.gate_bias);
     p.gateScale = static_cast<T const*>(a.gate_scale);
-    p.taps = static_cast<float const*>(prepared ? a.prepared_taps : a.workspace);
+    p.taps = static_cast<T const*>(prepared ? a.prepared_taps : a.workspace);
     p.out = static_cast<T*>(a.out);
     p.seq = a.seq;
     p.d = a.d;

@@ -39,30 +39,6 @@ namespace kernels
 namespace
 {
 
-//! V float32 values through 16-byte loads (the taps are float32 whatever T is).
-template <int V>
-__device__ __forceinline__ void loadFloats(float const* p, float (&out)[V])
-{
-    if constexpr (V % 4 == 0)
-    {
-#pragma unroll
-        for (int k = 0; k < V; k += 4)
-        {
-            float q[4];
-            loadVec<float, 4>(p + k, q);
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-            {
-                out[k + j] = q[j];
-            }
-        }
-    }
-    else
-    {
-        loadVec<float, V>(p, out);
-    }
-}
-
 /*!
  * Views of one source for channels c..c+V-1 and tokens t0..t0+TS-1:
  * v[0][t] = x[t], v[r][t] = sum_{delta < k_r} w_r[k_r-1-delta] * x[t-delta]
@@ -71,13 +47,13 @@ __device__ __forceinline__ void loadFloats(float const* p, float (&out)[V])
  * input row and each tap is loaded once per tile.
  */
 template <typename T, int MB, int TS, int V>
-__device__ __forceinline__ void tileViews(T const* __restrict__ x, float const* __restrict__ taps,
+__device__ __forceinline__ void tileViews(T const* __restrict__ x, T const* __restrict__ taps,
     MixerParams<T> const& p, int64_t t0, int64_t c, float (&v)[MB][TS][V])
 {
     // Row and tap pointers step back by d per delta: one 64-bit add each instead of an
     // index product per load (the loop is issue-bound: docs/kernels.md).
     T const* row = x + t0 * p.d + c;
-    float const* tap[MB];
+    T const* tap[MB];
 #pragma unroll
     for (int r = 1; r < MB; ++r)
     {
@@ -137,7 +113,7 @@ __device__ __forceinline__ void tileViews(T const* __restrict__ x, float const* 
             if (r < p.m && delta < p.ks[r])
             {
                 float w[V];
-                loadFloats<V>(tap[r], w);
+                loadVec<T, V>(tap[r], w);
                 tap[r] -= p.d;
 #pragma unroll
                 for (int t = 0; t < TS; ++t)
@@ -156,7 +132,7 @@ __device__ __forceinline__ void tileViews(T const* __restrict__ x, float const* 
 //! f(c, views) for every chunk of V channels the calling thread owns.
 template <typename T, int MB, int TS, int V, typename F>
 __device__ __forceinline__ void forEachChunk(
-    T const* __restrict__ x, float const* __restrict__ taps, MixerParams<T> const& p, int64_t t0, F&& f)
+    T const* __restrict__ x, T const* __restrict__ taps, MixerParams<T> const& p, int64_t t0, F&& f)
 {
     for (int64_t ch = threadIdx.x; ch < p.nChunks; ch += blockDim.x)
     {
@@ -324,7 +300,7 @@ __global__ void __launch_bounds__(kTileThreads) tileMixerKernel(MixerParams<T> c
     for (int i = i0; i < i1; ++i)
     {
         T const* x = static_cast<T const*>(src.ptr[i]) + seqOffset;
-        float const* taps = p.taps + static_cast<int64_t>(i) * p.K * p.d;
+        T const* taps = p.taps + static_cast<int64_t>(i) * p.K * p.d;
         float acc[32];
         zeroFill(acc);
         forEachChunk<T, MB, TS, V>(x, taps, p, t0, [&](int64_t c, auto const& v) {

@@ -65,7 +65,7 @@ struct WarpTile<8>
  * registers instead of moving them.
  */
 template <typename T, int MB, int TS>
-__device__ __forceinline__ void computeViews(T const* __restrict__ x, float const* __restrict__ taps,
+__device__ __forceinline__ void computeViews(T const* __restrict__ x, T const* __restrict__ taps,
     MixerParams<T> const& p, int64_t t0, int64_t c, float (&v)[MB][TS])
 {
     float cur[TS];
@@ -99,7 +99,7 @@ __device__ __forceinline__ void computeViews(T const* __restrict__ x, float cons
             if (r < p.m && delta < p.ks[r])
             {
                 // delta = 0 (current token) is tap index k_r - 1 of stream r.
-                float const w = taps[static_cast<int64_t>(p.offs[r] + p.ks[r] - 1 - delta) * p.d + c];
+                float const w = toFloat(taps[static_cast<int64_t>(p.offs[r] + p.ks[r] - 1 - delta) * p.d + c]);
 #pragma unroll
                 for (int t = 0; t < TS; ++t)
                 {
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize)
     for (int i = 0; i < p.n; ++i)
     {
         T const* x = static_cast<T const*>(src.ptr[i]) + seqOffset;
-        float const* taps = p.taps + static_cast<int64_t>(i) * p.K * p.d;
+        T const* taps = p.taps + static_cast<int64_t>(i) * p.K * p.d;
         float acc[NP];
 #pragma unroll
         for (int k = 0; k < NP; ++k)
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize)
         for (int i = 0; i < p.n; ++i)
         {
             T const* x = static_cast<T const*>(src.ptr[i]) + seqOffset;
-            float const* taps = p.taps + static_cast<int64_t>(i) * p.K * p.d;
+            T const* taps = p.taps + static_cast<int64_t>(i) * p.K * p.d;
             float v[MB][TS];
             computeViews<T, MB, TS>(x, taps, p, t0, c, v);
             float const* cf = coef + i * MB * TS;
