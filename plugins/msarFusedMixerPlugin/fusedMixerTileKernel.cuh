@@ -2,14 +2,15 @@
  * The tile kernel of msar::FusedMixer. Included by fusedMixerKernel.cu only.
  *
  * A block owns TS consecutive tokens of one sequence and every channel: its
- * threads split d into chunks of V channels, each read with one 16-byte load
- * (V = 1 when d or a pointer is not aligned). Sources are read from HBM once:
+ * threads split d into chunks of V channels, each read with one vector load
+ * of up to 16 bytes (fusedMixerPlan.h trades width for tokens per block;
+ * V = 1 when d or a pointer is not aligned). Sources are read from HBM once:
  * the retrieved streams z^(r) of the tile stay in shared memory
  * ([TS][m][d] float32) while an online softmax walks the sources, and the
  * gates are applied once at the end. Per source:
  *
- *   1. every thread computes its chunks' views (conv taps loaded once per
- *      tile, used for the TS tokens) and partial sum(v^2), q.v per
+ *   1. every thread computes its chunks' views (conv taps, in T, loaded once
+ *      per tile and used for the TS tokens) and partial sum(v^2), q.v per
  *      (stream, token); one warp reduce-scatter, one row per warp in shared
  *      memory;
  *   2. warp 0 finishes the scores and the online softmax (running max and
@@ -18,9 +19,10 @@
  *   3. every thread recomputes its chunks' views (the rows are L1/L2 hits:
  *      the block read them in step 1) and updates z = z * rescale + e * v.
  *
- * Recomputing beats keeping the views: they would cost MB*TS*V floats per
- * chunk per thread across the barrier, or another [TS][m][d] of shared memory
- * (docs/kernels.md weighs the two).
+ * Recomputing the views instead of keeping them: they would cost MB*TS*V
+ * floats per chunk per thread across the barrier, or another [TS][m][d] of
+ * shared memory, which halves TS (and tap reuse, the binding limit in
+ * docs/kernels.md) or does not fit at d = 4096.
  *
  * When B*T gives fewer tiles than twice the SMs (decode-sized prefill), each
  * tile's sources are split into ranges handled by separate blocks that write
