@@ -165,6 +165,7 @@ RETRIEVAL_CASES = [  # (n, B, T, m, d)
     pytest.param(97, 1, 1, 4, 512, id="decode-n97-d512"),
     pytest.param(3, 2, 5, 3, 40, id="prefill-n3-d40"),  # many rows, 16-byte loads
     pytest.param(1, 1, 2, 2, 41, id="n1-odd-d"),  # scalar loads
+    pytest.param(2, 1, 1, 1, 12800, marks=pytest.mark.slow, id="d12800-query-unstaged"),  # d floats over 48 KiB
 ]
 
 

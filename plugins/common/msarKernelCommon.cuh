@@ -195,6 +195,30 @@ __device__ __forceinline__ void storeVec(T* p, float const (&in)[V])
 #endif
 }
 
+//! V float32 values in loads of at most 16 bytes (p aligned to min(16, 4*V) bytes).
+template <int V>
+__device__ __forceinline__ void loadFloats(float const* p, float (&out)[V])
+{
+    if constexpr (V % 4 == 0)
+    {
+#pragma unroll
+        for (int k = 0; k < V; k += 4)
+        {
+            float q[4];
+            loadVec<float, 4>(p + k, q);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                out[k + j] = q[j];
+            }
+        }
+    }
+    else
+    {
+        loadVec<float, V>(p, out);
+    }
+}
+
 //! True when every pointer is aligned to `bytes` (vector loads need it).
 inline bool alignedTo(void const* const* ptrs, int32_t count, size_t bytes)
 {
