@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# GPU check of the msar plugin kernels, for a machine with an NVIDIA GPU, nvcc
-# and PyTorch (TensorRT not needed):
-#   1. builds plugins/*Kernel.cu into a shared library with a C ABI (nvcc),
-#   2. runs it through ctypes on torch CUDA tensors against the eager mixer and
-#      a float64 reference (sources 1..25, d 40..2048, B*T up to 64k;
-#      float32/float16/bfloat16), times it with CUDA events against a
-#      device-to-device copy, prints a table and writes results JSON.
-# Takes a few minutes (budgeted under 5). Without a GPU it prints "skipped: no CUDA device" and exits 0.
+# GPU check of the msar plugin kernels, one call under 10 minutes, for a machine
+# with an NVIDIA GPU, nvcc and PyTorch (TensorRT not needed):
+#   1. builds plugins/*Kernel.cu for the GPU that is here (nvcc, ptxas -v kept),
+#   2. checks every launch path against float64 with msar_export/verdict.py
+#      (tile, split sources, warp kernel, scalar loads, 97-256 sources, d 8192,
+#      decode retrieval), then times FusedMixer against cached-view
+#      DepthRetrieval for prefill and the decode retrieval (scripts/gpu_check.py),
+#   3. compute-sanitizer memcheck, racecheck and synccheck on tiny cases of every path,
+#   4. one ncu pass per kernel (tile, split + merge, warp, retrieval) at real shapes,
+# and writes everything to MSAR_GPU_CHECK_DIR (default $OUT/gpu_check when $OUT is
+# set, else build/gpu_check): build.log, ptxas.txt, results.json, check.log,
+# sanitize-*.log, ncu.csv, summary.txt. Steps that would pass the budget are
+# skipped and say so. Without a GPU it prints "skipped: no CUDA device" and exits 0.
 #
-#   scripts/gpu_check.sh [--quick]          # --quick: correctness only
-# Needs a CUDA build of PyTorch and the project's dependencies (pip install -e .).
+#   scripts/gpu_check.sh [--quick]          # --quick: correctness only (no timing, sanitizers, ncu)
 # Environment: PYTHON (default .venv/bin/python or python3), NVCC (default nvcc),
-#              MSAR_GPU_CHECK_DIR (default build/gpu_check).
-set -euo pipefail
+#              MSAR_GPU_CHECK_BUDGET_S (default 540).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-}
@@ -21,7 +25,11 @@ if [ -z "$PY" ]; then
 fi
 NVCC=${NVCC:-nvcc}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # msar_export from this checkout
-OUT_DIR=${MSAR_GPU_CHECK_DIR:-build/gpu_check}
+if [ -n "${OUT:-}" ]; then DEFAULT_DIR="$OUT/gpu_check"; else DEFAULT_DIR=build/gpu_check; fi
+DIR=${MSAR_GPU_CHECK_DIR:-$DEFAULT_DIR}
+BUDGET=${MSAR_GPU_CHECK_BUDGET_S:-540}
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
 
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
     echo "skipped: no CUDA device"
@@ -31,15 +39,77 @@ if ! command -v "$NVCC" >/dev/null 2>&1; then
     echo "gpu_check: nvcc not found (set NVCC or put the CUDA toolkit on PATH)" >&2
     exit 1
 fi
+mkdir -p "$DIR"
+SUMMARY="$DIR/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $((BUDGET - SECONDS)); }
+status=0
 
-# Compile for the GPU that is here (its compute capability, as torch reports it).
+# 1. Build, both kernel files at once, for the compute capability torch reports.
 ARCH=$("$PY" -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}')")
-mkdir -p "$OUT_DIR"
-LIB="$OUT_DIR/libmsar_kernels.so"
-echo "# building $LIB for sm_$ARCH"
-"$NVCC" -O3 -std=c++17 -shared -Xcompiler -fPIC -lineinfo \
-    -gencode "arch=compute_$ARCH,code=sm_$ARCH" -Iplugins/common \
-    plugins/msarFusedMixerPlugin/fusedMixerKernel.cu plugins/msarDepthRetrievalPlugin/depthRetrievalKernel.cu \
-    -o "$LIB"
+LIB="$DIR/libmsar_kernels.so"
+note "# building $LIB for sm_$ARCH"
+for src in plugins/msarFusedMixerPlugin/fusedMixerKernel.cu plugins/msarDepthRetrievalPlugin/depthRetrievalKernel.cu; do
+    obj="$DIR/$(basename "$src" .cu).o"
+    "$NVCC" -O3 -std=c++17 -c -Xcompiler -fPIC -lineinfo -Xptxas -v -gencode "arch=compute_$ARCH,code=sm_$ARCH" \
+        -Iplugins/common "$src" -o "$obj" >"$obj.log" 2>&1 &
+done
+wait
+cat "$DIR"/*.o.log >"$DIR/ptxas.txt"
+if ! "$NVCC" -shared "$DIR"/fusedMixerKernel.o "$DIR"/depthRetrievalKernel.o -o "$LIB" >"$DIR/build.log" 2>&1; then
+    note "FAILED: build (see $DIR/ptxas.txt, $DIR/build.log)"
+    exit 1
+fi
+grep -E "error" "$DIR/ptxas.txt" && { note "FAILED: build"; exit 1; }
+note "# built in ${SECONDS} s; registers and spills per kernel: $DIR/ptxas.txt"
 
-exec "$PY" scripts/gpu_check.py --lib "$LIB" --out "$OUT_DIR/results.json" "$@"
+# 2. Correctness against float64, then timing (the script stops starting timed cases at its own budget).
+extra=()
+[ "$QUICK" = 1 ] && extra=(--quick)
+"$PY" scripts/gpu_check.py --lib "$LIB" --out "$DIR/results.json" ${extra[@]+"${extra[@]}"} 2>&1 | tee "$DIR/check.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -ne 0 ] && status=1
+grep -E "^(FAIL|time|#)" "$DIR/check.log" >>"$SUMMARY"
+[ "$QUICK" = 1 ] && exit $status
+
+# 3. compute-sanitizer on the tiny cases of every path.
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+for tool in memcheck racecheck synccheck; do
+    if [ -z "$SAN" ]; then note "skipped: compute-sanitizer $tool (not found)"; continue; fi
+    if [ "$(left)" -lt 90 ]; then note "skipped: compute-sanitizer $tool (budget: $(left) s left)"; continue; fi
+    timeout $(( $(left) - 60 < 120 ? $(left) - 60 : 120 )) "$SAN" --tool "$tool" --error-exitcode 9 \
+        "$PY" scripts/gpu_check.py --lib "$LIB" --sanitize --out "$DIR/sanitize-$tool.json" >"$DIR/sanitize-$tool.log" 2>&1
+    rc=$?
+    [ "$rc" -ne 0 ] && status=1
+    note "compute-sanitizer $tool: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$DIR/sanitize-$tool.log" | tail -n 1)"
+done
+
+# 4. One ncu pass per kernel launch of the profile run (transposeTaps excluded).
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if [ -z "$NCU" ]; then
+    note "skipped: ncu (not found)"
+elif [ "$(left)" -lt 45 ]; then
+    note "skipped: ncu (budget: $(left) s left)"
+else
+    timeout $(( $(left) - 10 )) "$NCU" --target-processes all -k 'regex:tileMixerKernel|mergeKernel|warpMixerKernel|depthRetrievalKernel' \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+        --csv --page details "$PY" scripts/gpu_check.py --lib "$LIB" --profile >"$DIR/ncu.csv" 2>"$DIR/ncu.log"
+    rc=$?
+    [ "$rc" -ne 0 ] && status=1
+    note "ncu: exit $rc, $(grep -c 'Duration' "$DIR/ncu.csv") kernel durations in $DIR/ncu.csv"
+    "$PY" - "$DIR/ncu.csv" >>"$SUMMARY" <<'PYEOF'
+import csv, sys
+keep = {"Duration", "Memory Throughput", "DRAM Throughput", "Compute (SM) Throughput", "Registers Per Thread",
+        "Achieved Occupancy", "Grid Size", "Block Size"}
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 14]
+if rows and "Kernel Name" in rows[0]:
+    h = rows[0]
+    k, name, unit, value = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Unit"), h.index("Metric Value")
+    for r in rows[1:]:
+        if r[name] in keep:
+            print(f"ncu {r[k][:60]:<60} {r[name]:<26} {r[value]} {r[unit]}")
+PYEOF
+fi
+note "# gpu_check: exit $status after ${SECONDS} s; results in $DIR"
+exit $status

@@ -248,7 +248,7 @@ def test_emulated_fused_mixer_with_taps_prepared_once(emulated):
     prepared buffer (zeroed taps give another answer)."""
     inp = K.random_fused_mixer_inputs(3, 2, 9, 40, [1, 3, 5], seed=7)
     taps = emulated.prepare_taps(inp["conv_weight"], 3, inp["stream_kernels"])
-    assert taps.numel() == emulated.fused_mixer_workspace(3, 40, [1, 3, 5]) >= 3 * 8 * 40 * 4
+    assert taps.numel() == emulated.fused_mixer_taps_size(3, 40, [1, 3, 5]) >= 3 * 8 * 40 * 4
     want = emulated.fused_mixer(**inp)
     for _ in range(2):
         got = emulated.fused_mixer(**inp, prepared_taps=taps, workspace=torch.empty(1, dtype=torch.uint8))
@@ -293,6 +293,13 @@ def test_gpu_check_helper_runs_on_the_emulated_kernels(emulated, tmp_path):
     results = json.loads(out.read_text())
     assert results["failed"] == 0 and len(results["results"]) >= 10
     assert {row["op"] for row in results["results"]} == {"FusedMixer", "DepthRetrieval"}
+
+
+def test_gpu_timing_helper_imports():
+    """scripts/gpu_timing.py only runs on a GPU; at least its imports must hold here."""
+    r = subprocess.run([sys.executable, "-c", "import gpu_timing"], cwd=REPO / "scripts", capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the real check would run")

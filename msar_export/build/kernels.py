@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .. import verdict
+
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "plugins"
 KERNEL_SOURCES = (
@@ -112,6 +114,8 @@ class KernelLibrary:
         self.lib.msarFusedMixerForward.restype = c_int32
         self.lib.msarFusedMixerWorkspaceSize.argtypes = [c_int32, c_int64, POINTER(c_int32), c_int32]
         self.lib.msarFusedMixerWorkspaceSize.restype = c_size_t
+        self.lib.msarFusedMixerTapsSize.argtypes = [c_int32, c_int64, POINTER(c_int32), c_int32]
+        self.lib.msarFusedMixerTapsSize.restype = c_size_t
         self.lib.msarFusedMixerPrepareTaps.argtypes = [c_int32, c_void_p, c_int32, c_int64, POINTER(c_int32), c_int32,
                                                        c_void_p, c_size_t, c_void_p]
         self.lib.msarFusedMixerPrepareTaps.restype = c_int32
@@ -122,11 +126,15 @@ class KernelLibrary:
         ks = (c_int32 * len(stream_kernels))(*stream_kernels)
         return int(self.lib.msarFusedMixerWorkspaceSize(n_sources, d, ks, len(stream_kernels)))
 
+    def fused_mixer_taps_size(self, n_sources: int, d: int, stream_kernels) -> int:
+        ks = (c_int32 * len(stream_kernels))(*stream_kernels)
+        return int(self.lib.msarFusedMixerTapsSize(n_sources, d, ks, len(stream_kernels)))
+
     def prepare_taps(self, conv_weight: torch.Tensor, n_sources: int, stream_kernels) -> torch.Tensor:
-        """conv_weight [N, d, K] -> the kernel's taps [n][K][d] float32 (msarFusedMixerPrepareTaps), made once
+        """conv_weight [N, d, K] -> the kernel's taps [n][K][d] in its dtype (msarFusedMixerPrepareTaps), made once
         and passed to fused_mixer(prepared_taps=...) so no call transposes them again."""
         d = conv_weight.shape[1]
-        need = self.fused_mixer_workspace(n_sources, d, stream_kernels)
+        need = self.fused_mixer_taps_size(n_sources, d, stream_kernels)
         taps = torch.empty(max(need, 1), dtype=torch.uint8, device=conv_weight.device)
         ks = (c_int32 * len(stream_kernels))(*[int(k) for k in stream_kernels])
         status = self.lib.msarFusedMixerPrepareTaps(DTYPE_CODES[conv_weight.dtype], conv_weight.data_ptr(), n_sources,
@@ -191,6 +199,17 @@ def cuda_include_dir() -> Path | None:
         if c and (Path(c) / "include" / "cuda_runtime.h").is_file():
             return Path(c) / "include"
     return None
+
+
+def emulation_unavailable(compiler: str = "g++") -> str | None:
+    """Why the CPU emulation cannot be built here (needs g++ >= 11 for std::barrier and the CUDA headers), or None."""
+    gxx = shutil.which(compiler)
+    if gxx is None:
+        return f"{compiler} not found"
+    version = subprocess.run([gxx, "-dumpversion"], capture_output=True, text=True).stdout.strip()
+    if not version or int(version.split(".")[0]) < 11:
+        return f"{compiler} {version or '?'} is older than 11 (std::barrier)"
+    return None if cuda_include_dir() is not None else "CUDA headers (cuda_runtime.h) not found; set CUDA_HOME"
 
 
 def compile_emulation_library(out: str | os.PathLike, compiler: str = "g++") -> Path:
@@ -293,6 +312,5 @@ def random_fused_mixer_inputs(n: int, B: int, T: int, d: int, stream_kernels, dt
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |got - ref| / max |ref| (the project's parity metric)."""
-    got, ref = got.double().cpu(), ref.double().cpu()
-    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+    """The project's one metric (msar_export.verdict.rel_err) on torch tensors of any dtype."""
+    return verdict.rel_err(got.detach().double().cpu().numpy(), ref.detach().double().cpu().numpy())

@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "msarKernelTypes.h"
 
@@ -54,6 +55,16 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v)
 {
     return __float2bfloat16_rn(v);
+}
+
+template <int N>
+__device__ __forceinline__ void zeroFill(float (&a)[N])
+{
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+    {
+        a[k] = 0.F;
+    }
 }
 
 //! Sum over the warp; every lane gets the total.
@@ -108,6 +119,119 @@ struct WarpReduceScatter<S, 0>
     static __device__ __forceinline__ void run(float*, int) {}
 };
 
+/*!
+ * Element offset of token t of sequence b in a [B, T, w] tensor. Always 64-bit:
+ * B*T*w passes 2^31 at real prefill shapes (e.g. 64 x 8192 x 8192), and a
+ * 32-bit product would wrap silently. __host__ so plugins/tests/indexTest.cpp
+ * checks it without allocating such a tensor.
+ */
+__host__ __device__ __forceinline__ int64_t tokenOffset(int64_t b, int64_t t, int64_t seq, int64_t w)
+{
+    return (b * seq + t) * w;
+}
+
+//! An unsigned type of N bytes, for one vector memory instruction.
+template <int N>
+struct RawOf;
+template <>
+struct RawOf<16>
+{
+    using type = uint4;
+};
+template <>
+struct RawOf<8>
+{
+    using type = uint2;
+};
+template <>
+struct RawOf<4>
+{
+    using type = unsigned int;
+};
+template <>
+struct RawOf<2>
+{
+    using type = unsigned short;
+};
+
+/*!
+ * V consecutive elements through one V*sizeof(T)-byte load (p aligned to it,
+ * which the launchers check). The emulation copies bytes instead (a type-punned
+ * host load would break g++'s aliasing rules) and records a misaligned p.
+ */
+template <typename T, int V>
+__device__ __forceinline__ void loadVec(T const* p, float (&out)[V])
+{
+    constexpr int N = V * static_cast<int>(sizeof(T));
+    alignas(N) T e[V];
+#if defined(MSAR_HOST_EMULATION)
+    ::msar_emu::checkAligned(p, N);
+    memcpy(e, p, N);
+#else
+    *reinterpret_cast<typename RawOf<N>::type*>(e) = *reinterpret_cast<typename RawOf<N>::type const*>(p);
+#endif
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+    {
+        out[k] = toFloat(e[k]);
+    }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void storeVec(T* p, float const (&in)[V])
+{
+    constexpr int N = V * static_cast<int>(sizeof(T));
+    alignas(N) T e[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+    {
+        e[k] = fromFloat<T>(in[k]);
+    }
+#if defined(MSAR_HOST_EMULATION)
+    ::msar_emu::checkAligned(p, N);
+    memcpy(p, e, N);
+#else
+    *reinterpret_cast<typename RawOf<N>::type*>(p) = *reinterpret_cast<typename RawOf<N>::type const*>(e);
+#endif
+}
+
+//! V float32 values in loads of at most 16 bytes (p aligned to min(16, 4*V) bytes).
+template <int V>
+__device__ __forceinline__ void loadFloats(float const* p, float (&out)[V])
+{
+    if constexpr (V % 4 == 0)
+    {
+#pragma unroll
+        for (int k = 0; k < V; k += 4)
+        {
+            float q[4];
+            loadVec<float, 4>(p + k, q);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                out[k + j] = q[j];
+            }
+        }
+    }
+    else
+    {
+        loadVec<float, V>(p, out);
+    }
+}
+
+//! True when every pointer is aligned to `bytes` (vector loads need it).
+inline bool alignedTo(void const* const* ptrs, int32_t count, size_t bytes)
+{
+    for (int32_t i = 0; i < count; ++i)
+    {
+        if (reinterpret_cast<uintptr_t>(ptrs[i]) % bytes != 0)
+        {
+            return false;
+        }
+    }
+    return true;
+}
+
 inline int32_t cudaStatus(cudaError_t e)
 {
     return e == cudaSuccess ? MSAR_STATUS_OK : MSAR_STATUS_CUDA_ERROR + static_cast<int32_t>(e);
@@ -120,11 +244,25 @@ inline int32_t cudaStatus(cudaError_t e)
  *   MSAR_DYNAMIC_SHARED(float, smem);
  *   MSAR_LAUNCH(kernel, grid, block, sharedBytes, stream)(args...);
  */
+/*
+ * What a launcher asks of the device (SM count, opt-in shared memory per block)
+ * goes through these, so the emulation can answer for a chosen GPU shape
+ * (cudaHostEmulation.h: MSAR_EMU_SM_COUNT).
+ */
 #if defined(MSAR_HOST_EMULATION)
 #define MSAR_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::msar_emu::sharedMemory().data())
 #define MSAR_LAUNCH(kernel, grid, block, shmem, stream)                                                             \
     (static_cast<void>(stream), ::msar_emu::launch(kernel, grid, block, shmem))
 inline int32_t launchStatus()
+{
+    return ::msar_emu::takeFault();
+}
+inline int deviceAttribute(cudaDeviceAttr attr, int fallback)
+{
+    return ::msar_emu::deviceAttribute(attr, fallback);
+}
+template <typename K>
+inline int32_t allowDynamicShared(K, size_t)
 {
     return MSAR_STATUS_OK;
 }
@@ -134,6 +272,26 @@ inline int32_t launchStatus()
 inline int32_t launchStatus()
 {
     return cudaStatus(cudaGetLastError());
+}
+inline int deviceAttribute(cudaDeviceAttr attr, int fallback)
+{
+    int dev = 0;
+    int value = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess)
+    {
+        return fallback;
+    }
+    return value;
+}
+//! Above 48 KiB of dynamic shared memory a kernel must opt in, once per size.
+template <typename K>
+inline int32_t allowDynamicShared(K kernel, size_t bytes)
+{
+    if (bytes <= 48 * 1024)
+    {
+        return MSAR_STATUS_OK;
+    }
+    return cudaStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 #endif
 

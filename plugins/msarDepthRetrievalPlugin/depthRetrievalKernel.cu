@@ -1,12 +1,19 @@
 /*
  * msar::DepthRetrieval kernel: per-stream softmax retrieval over depth from
- * already expanded views (the decode path, and attnres prefill).
+ * already expanded views (the decode path, attnres prefill, and the
+ * cached-view prefill that scripts/gpu_check.py times against FusedMixer).
  *
- * One block per row (b, t, r) of d channels, two passes over the n views of
- * that row: pass 1 reduces sum(v^2) and q.v per view (warp shuffles, one
- * partial per warp in shared memory, a single __syncthreads), the softmax
- * over the n scores runs in one warp, pass 2 writes z = sum_i alpha_i v_i
- * (the second read of the row's views is an L1/L2 hit). float32 inside.
+ * Work per row (b, t, r) of d channels, float32 inside:
+ *   pass 1: the block's warps split the n views, each warp reduces sum(v^2)
+ *           and q.v of its views over all d with 16-byte loads (V channels per
+ *           lane) and writes the score; no cross-warp partials;
+ *   softmax over the n scores in warp 0;
+ *   pass 2: z = sum_i alpha_i v_i over the block's slice of the channels.
+ * A decode step has only B*m rows (4 at B=1), so each row is also split into
+ * up to `slices` channel slices, one block of up to 1024 threads each: every slice's block repeats
+ * pass 1 over the whole row (an L2 hit after the first, since the kernel has
+ * no workspace to share the scores) and writes only its slice. Prefill rows
+ * are plenty: one slice, blocks stride over rows.
  */
 #include "depthRetrievalKernel.h"
 
@@ -21,6 +28,11 @@ namespace kernels
 namespace
 {
 
+constexpr int kRetrievalThreads = 256;
+//! Decode rows are few and every slice's block walks the whole row in pass 1: 32 warps keep enough
+//! 16-byte loads in flight to cover L2 latency on one SM (docs/kernels.md).
+constexpr int kDecodeThreads = 1024;
+
 struct ViewTable
 {
     void const* ptr[MSAR_MAX_SOURCES];
@@ -34,60 +46,82 @@ struct RetrievalParams
     int64_t rows;   // B * T * m
     int64_t m;
     int64_t d;
+    int64_t chunks;   // d / V
+    int64_t slices;   // channel slices per row
     int32_t n;
     float eps;
 };
 
-template <typename T>
-__global__ void depthRetrievalKernel(RetrievalParams<T> const p, ViewTable const src)
+/*!
+ * QS: the row's query is staged in shared memory as float32 once per row, so
+ * that pass 1 spends no load or conversion on it per view (about a quarter of
+ * pass 1's instructions); only where d floats fit the default 48 KiB.
+ */
+template <typename T, int V, bool QS>
+__global__ void __launch_bounds__(kDecodeThreads) depthRetrievalKernel(RetrievalParams<T> const p, ViewTable const src)
 {
     MSAR_DYNAMIC_SHARED(float, smem);
+    float* qf = smem;                     // [d] if QS: the query of this row's stream
+    float* weight = smem + (QS ? p.d : 0); // [n]: scores, then softmax weights
     int const lane = threadIdx.x % kWarpSize;
     int const warp = threadIdx.x / kWarpSize;
     int const nWarps = blockDim.x / kWarpSize;
-    float* partial = smem;                  // [nWarps][n][2]: sum v^2, q.v
-    float* weight = smem + nWarps * p.n * 2; // [n]: scores, then softmax weights
+    int64_t const perSlice = (p.chunks + p.slices - 1) / p.slices;
 
-    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x)
+    for (int64_t job = blockIdx.x; job < p.rows * p.slices; job += gridDim.x)
     {
+        int64_t const row = job / p.slices;
+        int64_t const slice = job - row * p.slices;
         T const* q = p.query + (row % p.m) * p.d;
         int64_t const base = row * p.d;
+        if constexpr (QS)
+        {
+            for (int64_t ch = threadIdx.x; ch < p.chunks; ch += blockDim.x)
+            {
+                float w[V];
+                loadVec<T, V>(q + ch * V, w);
+#pragma unroll
+                for (int e = 0; e < V; ++e)
+                {
+                    qf[ch * V + e] = w[e];
+                }
+            }
+            __syncthreads();
+        }
 
-        // pass 1: per-view partial sums
-        for (int i = 0; i < p.n; ++i)
+        for (int i = warp; i < p.n; i += nWarps)
         {
             T const* v = static_cast<T const*>(src.ptr[i]) + base;
             float ss = 0.F;
             float qv = 0.F;
-            for (int64_t c = threadIdx.x; c < p.d; c += blockDim.x)
+            for (int64_t ch = lane; ch < p.chunks; ch += kWarpSize)
             {
-                float const x = toFloat(v[c]);
-                ss = fmaf(x, x, ss);
-                qv = fmaf(toFloat(q[c]), x, qv);
+                float x[V];
+                float w[V];
+                loadVec<T, V>(v + ch * V, x);
+                if constexpr (QS)
+                {
+                    loadFloats<V>(qf + ch * V, w);
+                }
+                else
+                {
+                    loadVec<T, V>(q + ch * V, w);
+                }
+#pragma unroll
+                for (int e = 0; e < V; ++e)
+                {
+                    ss = fmaf(x[e], x[e], ss);
+                    qv = fmaf(w[e], x[e], qv);
+                }
             }
             ss = warpAllReduceSum(ss);
             qv = warpAllReduceSum(qv);
             if (lane == 0)
             {
-                partial[(warp * p.n + i) * 2] = ss;
-                partial[(warp * p.n + i) * 2 + 1] = qv;
+                weight[i] = qv * rsqrtf(ss / static_cast<float>(p.d) + p.eps);
             }
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < p.n; i += blockDim.x)
-        {
-            float ss = 0.F;
-            float qv = 0.F;
-            for (int w = 0; w < nWarps; ++w)
-            {
-                ss += partial[(w * p.n + i) * 2];
-                qv += partial[(w * p.n + i) * 2 + 1];
-            }
-            weight[i] = qv * rsqrtf(ss / static_cast<float>(p.d) + p.eps);
-        }
-        __syncthreads();
-
-        // softmax over the n sources, in warp 0
         if (warp == 0)
         {
             float mx = -INFINITY;
@@ -111,18 +145,52 @@ __global__ void depthRetrievalKernel(RetrievalParams<T> const p, ViewTable const
         }
         __syncthreads();
 
-        // pass 2: weighted sum
-        for (int64_t c = threadIdx.x; c < p.d; c += blockDim.x)
+        int64_t const end = (slice + 1) * perSlice < p.chunks ? (slice + 1) * perSlice : p.chunks;
+        for (int64_t ch = slice * perSlice + threadIdx.x; ch < end; ch += blockDim.x)
         {
-            float acc = 0.F;
+            float acc[V];
+            zeroFill(acc);
             for (int i = 0; i < p.n; ++i)
             {
-                acc = fmaf(weight[i], toFloat(static_cast<T const*>(src.ptr[i])[base + c]), acc);
+                float x[V];
+                loadVec<T, V>(static_cast<T const*>(src.ptr[i]) + base + ch * V, x);
+#pragma unroll
+                for (int e = 0; e < V; ++e)
+                {
+                    acc[e] = fmaf(weight[i], x[e], acc[e]);
+                }
             }
-            p.out[base + c] = fromFloat<T>(acc);
+            storeVec<T, V>(p.out + base + ch * V, acc);
         }
-        __syncthreads(); // shared memory is reused by the next row
+        __syncthreads(); // the weights are rewritten by the next job
     }
+}
+
+template <typename T, int V>
+int32_t launchRetrieval(RetrievalParams<T> p, ViewTable const& src, cudaStream_t stream)
+{
+    p.chunks = p.d / V;
+    // Enough blocks for twice the SMs when rows are few, but at least 32 chunks per slice.
+    int64_t const target = 2 * static_cast<int64_t>(deviceAttribute(cudaDevAttrMultiProcessorCount, 132));
+    int64_t slices = p.rows < target ? (target + p.rows - 1) / p.rows : 1;
+    int64_t const maxSlices = p.chunks / kWarpSize > 1 ? p.chunks / kWarpSize : 1;
+    p.slices = slices < maxSlices ? slices : maxSlices;
+    int64_t const jobs = p.rows * p.slices;
+    int64_t const blocks = jobs < (1 << 20) ? jobs : (1 << 20);
+    int64_t const maxThreads = p.slices > 1 ? kDecodeThreads : kRetrievalThreads;
+    int64_t threads = (p.chunks + kWarpSize - 1) / kWarpSize * kWarpSize;
+    threads = threads > maxThreads ? maxThreads : threads;
+    size_t const staged = static_cast<size_t>(p.d + p.n) * sizeof(float);
+    if (staged <= 48 * 1024)
+    {
+        auto kernel = depthRetrievalKernel<T, V, true>;
+        MSAR_LAUNCH(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), staged, stream)(p, src);
+        return launchStatus();
+    }
+    auto kernel = depthRetrievalKernel<T, V, false>;
+    MSAR_LAUNCH(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), p.n * sizeof(float), stream)(
+        p, src);
+    return launchStatus();
 }
 
 } // namespace
@@ -165,14 +233,13 @@ int32_t depthRetrievalForward(MsarDepthRetrievalArgs const& a, cudaStream_t stre
     p.n = n;
     p.eps = a.eps;
 
-    // About 8 channels per thread, between one warp and 256 threads.
-    int64_t threads = (a.d / 8 + kWarpSize - 1) / kWarpSize * kWarpSize;
-    threads = threads < kWarpSize ? kWarpSize : (threads > 256 ? 256 : threads);
-    int64_t const blocks = rows < (1 << 20) ? rows : (1 << 20);
-    size_t const smemBytes = (static_cast<size_t>(threads / kWarpSize) * n * 2 + n) * sizeof(float);
-    auto kernel = depthRetrievalKernel<T>;
-    MSAR_LAUNCH(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), smemBytes, stream)(p, src);
-    return launchStatus();
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    void const* vecPtrs[] = {a.query, a.out};
+    if (a.d % V == 0 && alignedTo(vecPtrs, 2, 16) && alignedTo(a.views, n, 16))
+    {
+        return launchRetrieval<T, V>(p, src, stream);
+    }
+    return launchRetrieval<T, 1>(p, src, stream);
 }
 
 template int32_t depthRetrievalForward<float>(MsarDepthRetrievalArgs const&, cudaStream_t);

@@ -41,16 +41,21 @@ typedef struct MsarFusedMixerArgs
     int32_t n_streams;             /* m, 1..MSAR_MAX_STREAMS */
     float eps;                     /* key RMSNorm epsilon */
     void* out;                     /* [B, T, d] */
-    void* workspace;               /* device scratch, >= msarFusedMixerWorkspaceSize bytes */
+    void* workspace;               /* device scratch: msarFusedMixerWorkspaceSize bytes (taps, then split partials) */
     size_t workspace_size;
-    void const* prepared_taps;     /* optional: the taps already in [n][K][d] float32 (msarFusedMixerPrepareTaps);
-                                      then nothing is transposed and no workspace is needed */
+    void const* prepared_taps;     /* optional: the taps already in [n][K][d], dtype (msarFusedMixerPrepareTaps);
+                                      then nothing is transposed; the workspace then only serves the split */
 } MsarFusedMixerArgs;
 
-/* Scratch bytes the launcher needs (the taps, transposed to [n][K][d] float32). */
+/* Scratch bytes the launcher can use: the taps transposed to [n][K][d] (msarFusedMixerTapsSize),
+   then room for split-source partial results (at most 32 MiB; used when B*T is small). A workspace of only
+   msarFusedMixerTapsSize bytes works too, without the split. */
 size_t msarFusedMixerWorkspaceSize(int32_t n_sources, int64_t d, int32_t const* stream_kernels, int32_t n_streams);
 
-/* Transpose conv_weight [N, d, K] (dtype) into `taps` [n][K][d] float32 (>= msarFusedMixerWorkspaceSize
+/* Bytes of the transposed taps alone (sized for float32; 16-bit dtypes use half). */
+size_t msarFusedMixerTapsSize(int32_t n_sources, int64_t d, int32_t const* stream_kernels, int32_t n_streams);
+
+/* Transpose conv_weight [N, d, K] (dtype) into `taps` [n][K][d] of the same dtype (>= msarFusedMixerTapsSize
    bytes) on `stream`, once, for MsarFusedMixerArgs.prepared_taps; returns MSAR_STATUS_*. */
 int32_t msarFusedMixerPrepareTaps(int32_t dtype, void const* conv_weight, int32_t n_sources, int64_t d,
     int32_t const* stream_kernels, int32_t n_streams, void* taps, size_t taps_size, cudaStream_t stream);

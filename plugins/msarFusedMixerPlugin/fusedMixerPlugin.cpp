@@ -60,7 +60,8 @@ void const* FusedMixerPlugin::prepareTaps(DType type, void const* convWeight, cu
     {
         return nullptr;
     }
-    size_t const need = workspaceFor(mAttrs, mDims.n, mDims.d);
+    // Only the taps: the workspace keeps the split-source scratch, shared by all layers.
+    size_t const need = msarFusedMixerTapsSize(mDims.n, mDims.d, mAttrs.streamKernels.data(), mAttrs.nStreams());
     if (mTaps != nullptr && mTapsFrom == convWeight && mTapsSources == mDims.n && mTapsBytes >= need)
     {
         return mTaps; // prepared by an earlier enqueue

@@ -6,9 +6,13 @@
  *
  * What it emulates: threadIdx/blockIdx/blockDim/gridDim (x only), dynamic
  * shared memory (MSAR_DYNAMIC_SHARED, one block at a time, NaN-poisoned), __syncthreads, __syncwarp and
- * __shfl_xor_sync (lockstep through per-warp barriers). Blocks run one after
- * another; "device pointers" are host pointers. Not emulated: timing,
- * memory ordering subtleties, anything the kernels do not use.
+ * __shfl_xor_sync (lockstep through per-warp barriers), vector loads and
+ * stores (loadVec/storeVec copy the bytes) and the device attributes a
+ * launcher plans with (deviceAttribute). Blocks run one after another;
+ * "device pointers" are host pointers. Not emulated: timing, memory ordering
+ * subtleties, anything the kernels do not use. A misaligned vector access
+ * is recorded and the launch reports cudaErrorMisalignedAddress, as a GPU
+ * would.
  *
  * Usage: #include this header, then the .cu files (see emulationLib.cpp).
  */
@@ -23,8 +27,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "../common/msarKernelTypes.h"
+
+#include <atomic>
 #include <barrier>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -76,6 +84,41 @@ inline std::vector<float>& sharedMemory()
 {
     static std::vector<float> mem;
     return mem;
+}
+
+/*!
+ * What the launchers ask of the device: an H200 unless MSAR_EMU_SM_COUNT says
+ * how many SMs (tests set 1 to keep a small shape off the split-source path).
+ */
+inline int deviceAttribute(cudaDeviceAttr attr, int fallback)
+{
+    switch (attr)
+    {
+    case cudaDevAttrMultiProcessorCount:
+    {
+        char const* env = std::getenv("MSAR_EMU_SM_COUNT");
+        return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 132;
+    }
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: return 227 * 1024;
+    default: return fallback;
+    }
+}
+
+//! A misaligned vector access, as the GPU would fault on it; the launch then reports cudaErrorMisalignedAddress.
+inline std::atomic<bool> gMisaligned{false};
+
+inline void checkAligned(void const* p, size_t bytes)
+{
+    if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    {
+        gMisaligned = true;
+    }
+}
+
+inline int32_t takeFault()
+{
+    return gMisaligned.exchange(false) ? MSAR_STATUS_CUDA_ERROR + static_cast<int32_t>(cudaErrorMisalignedAddress)
+                                      : 0;
 }
 
 inline Warp& currentWarp()

@@ -1,0 +1,192 @@
+"""The kernels' every launch path at the edge shapes, on the CPU emulation
+(plugins/tests/cudaHostEmulation.h), against the float64 references:
+fp32 within 1e-5, fp16/bf16 within 1e-2.
+
+Paths (plugins/msarFusedMixerPlugin/fusedMixerPlan.h): the tile kernel with
+vector or scalar loads and 1, 2 or 4 tokens per block, split over source
+ranges with a log-sum-exp merge when B*T is small (not when the workspace has
+room for the taps only), and the warp kernel for many tokens per SM or m*d
+too large for shared memory. The emulated GPU has 132 SMs unless
+MSAR_EMU_SM_COUNT says otherwise (1 SM: more than 8 tokens take the warp kernel).
+Index arithmetic beyond 2^31 elements: plugins/tests/indexTest.cpp.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from msar_export.build import kernels as K
+
+PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+MAIN = [1, 4, 8, 12]
+BOUND = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    reason = K.emulation_unavailable()
+    if reason:
+        pytest.skip(f"the CPU emulation of the kernels cannot be built: {reason}")
+    return K.KernelLibrary(K.compile_emulation_library(tmp_path_factory.mktemp("emu") / "libmsar_emu.so"))
+
+
+def unsplit(lib, inp) -> torch.Tensor:
+    """The mixer with a workspace of the taps alone: no room for split partials, one block walks every source."""
+    n, d = len(inp["sources"]), inp["sources"][0].shape[-1]
+    ws = torch.empty(max(lib.fused_mixer_taps_size(n, d, inp["stream_kernels"]), 1), dtype=torch.uint8)
+    return lib.fused_mixer(**inp, workspace=ws)
+
+
+def mixer_error(lib, inp, split: bool = True) -> float:
+    got = lib.fused_mixer(**inp) if split else unsplit(lib, inp)
+    return K.rel_err(got, K.reference_fused_mixer64(**inp))
+
+
+def test_index_math_and_plans_beyond_2_31(tmp_path):
+    reason = K.emulation_unavailable()
+    if reason:
+        pytest.skip(reason)
+    exe = tmp_path / "indexTest"
+    subprocess.run(["g++", "-std=c++20", "-pthread", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", "-isystem",
+                    str(K.cuda_include_dir()), str(PLUGINS / "tests" / "indexTest.cpp"), "-o", str(exe)],
+                   check=True, capture_output=True)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout
+    assert re.fullmatch(r"indexTest: \d+ checks passed\n", r.stdout)
+
+
+TILE_CASES = [  # (n, stream_kernels, B, T, d), unsplit
+    (3, [1, 3, 5], 2, 9, 64),         # 4-stream bucket, 4 tokens per block, T not a multiple
+    (2, [1, 2], 1, 7, 48),            # 2-stream bucket
+    (2, [1, 2, 3, 4, 5, 6], 1, 3, 32),  # 8-stream bucket, 1 token
+    (3, MAIN, 1, 6, 33),              # odd d: scalar loads
+    (3, MAIN, 2, 1, 32),              # one token, every kernel longer than T
+    (2, [1, 12], 1, 5, 64),           # kernel longer than T
+    (1, [1], 2, 4, 64),               # one source, identity stream only
+]
+
+
+@pytest.mark.parametrize("n,ks,B,T,d", TILE_CASES, ids=[f"n{c[0]}-m{len(c[1])}-T{c[3]}-d{c[4]}" for c in TILE_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tile_kernel(emulated, n, ks, B, T, d, dtype):
+    inp = K.random_fused_mixer_inputs(n, B, T, d, ks, dtype=dtype, seed=T + d)
+    assert mixer_error(emulated, inp, split=False) <= BOUND[dtype]
+
+
+@pytest.mark.parametrize("ks", [[1, 3, 5], [1, 2, 3, 4, 5, 6, 7, 8]], ids=["m3", "m8"])
+def test_many_tokens_per_sm_take_the_warp_kernel(emulated, monkeypatch, ks):
+    """One emulated SM: 20 tokens are over 8 per SM, so the warp kernel runs."""
+    monkeypatch.setenv("MSAR_EMU_SM_COUNT", "1")
+    inp = K.random_fused_mixer_inputs(3, 2, 10, 40, ks, seed=21)
+    assert mixer_error(emulated, inp) <= 1e-5
+
+
+SPLIT_CASES = [(97, MAIN, 1, 1, 64), (5, MAIN, 1, 3, 40), (8, [1, 2], 2, 2, 32)]
+
+
+@pytest.mark.parametrize("n,ks,B,T,d", SPLIT_CASES, ids=[f"n{c[0]}-T{c[3]}" for c in SPLIT_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_sources_merge_to_the_same_mixer(emulated, n, ks, B, T, d, dtype):
+    """132 emulated SMs and a handful of tokens: source ranges in separate blocks, merged by log-sum-exp;
+    the same answer as one block walking every source."""
+    inp = K.random_fused_mixer_inputs(n, B, T, d, ks, dtype=dtype, seed=n)
+    split = emulated.fused_mixer(**inp)
+    assert K.rel_err(split, K.reference_fused_mixer64(**inp)) <= BOUND[dtype]
+    whole = unsplit(emulated, inp)
+    if dtype == torch.float32:
+        assert not torch.equal(split, whole)  # another order of summation: the split really ran
+    assert K.rel_err(split, whole) <= (2e-6 if dtype == torch.float32 else 2e-3)
+
+
+def test_split_path_catches_a_wrong_tap(emulated):
+    """Negative control on the split path: the current-token tap of stream 1 (index 3) 2% off in one
+    source's reference must fail the 1e-5 bar. (With T = 2 the taps of tokens before the start do not count.)"""
+    inp = K.random_fused_mixer_inputs(97, 1, 2, 32, MAIN, seed=3)
+    got = emulated.fused_mixer(**inp)
+    assert K.rel_err(got, K.reference_fused_mixer64(**inp)) <= 1e-5
+    wrong = dict(inp, conv_weight=inp["conv_weight"].clone())
+    wrong["conv_weight"][40, :, 3] *= 1.02
+    assert K.rel_err(got, K.reference_fused_mixer64(**wrong)) > 1e-5
+
+
+def misaligned(t: torch.Tensor) -> torch.Tensor:
+    """The same values one element past a 16-byte boundary."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype)
+    out = buf[1:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def test_misaligned_sources_take_scalar_loads(emulated):
+    inp = K.random_fused_mixer_inputs(3, 1, 5, 64, MAIN, seed=9)
+    inp["sources"] = [misaligned(s) for s in inp["sources"]]
+    assert inp["sources"][0].data_ptr() % 16 != 0
+    # A vector load here would report cudaErrorMisalignedAddress (indexTest checks the emulation sees it).
+    assert mixer_error(emulated, inp, split=False) <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_d_8192_tile_kernel(emulated, dtype):
+    inp = K.random_fused_mixer_inputs(3, 1, 2, 8192, MAIN, dtype=dtype, seed=11)
+    assert mixer_error(emulated, inp) <= BOUND[dtype]
+
+
+@pytest.mark.slow
+def test_d_8192_eight_streams_takes_the_warp_kernel(emulated):
+    """z of one token (8 x 8192 floats) is over the 227 KiB of shared memory: the warp kernel."""
+    inp = K.random_fused_mixer_inputs(2, 1, 2, 8192, [1, 2, 3, 4, 5, 6, 7, 8], seed=12)
+    assert mixer_error(emulated, inp) <= 1e-5
+
+
+@pytest.mark.slow
+def test_256_sources(emulated):
+    inp = K.random_fused_mixer_inputs(256, 1, 3, 32, MAIN, seed=13)
+    assert mixer_error(emulated, inp) <= 1e-5
+
+
+# ---------------------------------------------------------------------------
+# DepthRetrieval
+
+
+def retrieval_inputs(n, B, T, m, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (2.0 / d**0.5 * torch.randn(m, d, generator=g)).to(dtype)
+    return q, [torch.randn(B, T, m, d, generator=g).to(dtype) for _ in range(n)]
+
+
+RETRIEVAL_CASES = [  # (n, B, T, m, d)
+    pytest.param(97, 1, 1, 4, 4096, marks=pytest.mark.slow, id="decode-n97-d4096"),  # 4 rows, in channel slices
+    pytest.param(97, 1, 1, 4, 512, id="decode-n97-d512"),
+    pytest.param(3, 2, 5, 3, 40, id="prefill-n3-d40"),  # many rows, 16-byte loads
+    pytest.param(1, 1, 2, 2, 41, id="n1-odd-d"),  # scalar loads
+    pytest.param(2, 1, 1, 1, 12800, marks=pytest.mark.slow, id="d12800-query-unstaged"),  # d floats over 48 KiB
+]
+
+
+@pytest.mark.parametrize("n,B,T,m,d", RETRIEVAL_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_depth_retrieval(emulated, n, B, T, m, d, dtype):
+    q, views = retrieval_inputs(n, B, T, m, d, dtype, seed=n + d)
+    got = emulated.depth_retrieval(q, views, 1e-6)
+    assert K.rel_err(got, K.reference_depth_retrieval64(q, views, 1e-6)) <= BOUND[dtype]
+
+
+def test_depth_retrieval_catches_a_wrong_view(emulated):
+    """Negative control: one view 2% off in the reference must fail the 1e-5 bar."""
+    q, views = retrieval_inputs(9, 1, 1, 4, 256, torch.float32, seed=1)
+    got = emulated.depth_retrieval(q, views, 1e-6)
+    views[4] = views[4] * 1.02
+    assert K.rel_err(got, K.reference_depth_retrieval64(q, views, 1e-6)) > 1e-5
+
+
+def test_depth_retrieval_misaligned_views(emulated):
+    q, views = retrieval_inputs(4, 1, 1, 4, 256, torch.float32, seed=2)
+    views = [misaligned(v) for v in views]
+    got = emulated.depth_retrieval(q, views, 1e-6)
+    assert K.rel_err(got, K.reference_depth_retrieval64(q, views, 1e-6)) <= 1e-5
