@@ -17,6 +17,7 @@ import torch
 
 from ..checkpoint import load_checkpoint
 from ..errors import InputError
+from ..memory import return_freed_memory
 from ..fileio import check_output_file
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import depth_retrieval_function, fused_mixer_function
@@ -231,10 +232,10 @@ def describe(model: ir.Model, cfg, opts: ExportOptions, source_name: str) -> Non
 def export_model(model, out: str | os.PathLike, opts: ExportOptions = ExportOptions(), source_name: str = "",
                  validate: bool = True) -> ExportReport:
     """Export an in-memory MSARLM (library API behind the CLI); converts it to opts.dtype in place."""
-    return _export(lambda dtype: model.to(dtype), out, opts, source_name, validate)
+    return _export(lambda dtype: model.to(dtype), out, opts, source_name, validate, owns_model=False)
 
 
-def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) -> ExportReport:
+def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, owns_model: bool) -> ExportReport:
     """`load(dtype)` gives the model in `dtype` (again in float32 for validation, after the
     file is written and the exported weights are gone: the two never live at once)."""
     out = check_output_file(out)  # before minutes of tracing, not after
@@ -243,6 +244,10 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) ->
     cfg, n_params = model.cfg, sum(p.numel() for p in model.parameters())
     with torch.no_grad():
         onnx_model = trace_to_ir(model, opts)
+    # torch.onnx's graph keeps inputs it removed (a zero-count entry in onnx_ir's
+    # _GraphIO ref counter), and with them about two thirds of the parameters, past
+    # every del and gc: a model we loaded ourselves is emptied in place after saving.
+    owned = list(model.parameters()) if owns_model else []
     del model
     counts = attach_functions(onnx_model, cfg, opts.opset)
     if opts.decomposed:
@@ -255,6 +260,10 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) ->
     external = opts.external_data or weight_bytes(onnx_model) > EXTERNAL_DATA_ABOVE
     size = save_model(onnx_model, out, release=True, external_data=external)
     del onnx_model
+    for p in owned:
+        p.data = torch.empty(0, dtype=p.dtype)
+    del owned
+    return_freed_memory()
     report = ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, peak_rss_mb(),
                           external_data=external)
     if validate:
@@ -271,4 +280,4 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, opt
     def load(dtype):
         return load_checkpoint(checkpoint, dtype=dtype, trust_pickle=trust_pickle)
 
-    return _export(load, out, opts, Path(checkpoint).name, validate)
+    return _export(load, out, opts, Path(checkpoint).name, validate, owns_model=True)

@@ -5,7 +5,6 @@ tolerance model of `msar_export.verdict`."""
 
 from __future__ import annotations
 
-import gc
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import first_line
+from ..memory import return_freed_memory
 from ..model.precision import float64_one_sublayer_at_a_time
 from ..onnx_wire import load_without_weights
 from ..verdict import Verdict, judge, rel_err  # noqa: F401  (rel_err: the one metric, re-exported)
@@ -105,7 +105,7 @@ def validate_export(path: Path, model, opts, batch: int = 3, seq: int | None = N
         ref64 = model(ids).numpy()  # first: float64 of the stored weights, not of rounded ones
     eager_p = _eager_logits(model, ids, DTYPES[opts.dtype])
     del model  # the caller's loader gave the only reference: ORT's copy of the weights comes next
-    gc.collect()
+    return_freed_memory()
     if opts.decode:
         dec = OrtDecoder(path, threads=2, low_memory=True)
         split = seq - 4  # prefill, then single-token steps
