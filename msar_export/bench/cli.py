@@ -45,6 +45,12 @@ def cmd_bench(a) -> int:
         res = run_export_memory(memory_config(nb, d, vocab), variants)
         write_memory(res, Path(a.out), a.memory_name)
         print(memory_table(res))
+        if a.update_readme:
+            from .memory import update_readme_memory
+
+            stems = ("export_memory", "export_memory_2gb")  # every result in --out, as the README shows them
+            update_readme_memory(Path(a.update_readme), [json.loads((Path(a.out) / f"{s}.json").read_text())
+                                                         for s in stems if (Path(a.out) / f"{s}.json").is_file()])
         return 0 if all(r["returncode"] == 0 for r in res["rows"]) else 1
     if a.mixer:
         from ..fileio import atomic_write_text

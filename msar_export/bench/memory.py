@@ -14,7 +14,7 @@ from ..checkpoint import save_checkpoint
 from ..config import MSARConfig
 from ..fileio import atomic_write_text
 from .probe import cli_probe, python_probe
-from .report import save_png
+from .report import replace_block, save_png
 from .run import random_model
 from .scaling import KIND_FLAGS, _reported
 from .timing import machine_description
@@ -109,3 +109,11 @@ def write_memory(result: dict, out_dir: Path, name: str = "export_memory") -> No
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / f"{name}.json", json.dumps(result, indent=1) + "\n")
     plot_memory(result, out_dir / f"{name}.png")
+
+
+MEMORY_BEGIN, MEMORY_END = "<!-- export-memory:begin -->", "<!-- export-memory:end -->"
+
+
+def update_readme_memory(readme: Path, results: list[dict]) -> None:
+    """The README's export-memory block: one table per result (the ~320 M model, the >2 GB one)."""
+    replace_block(readme, MEMORY_BEGIN, MEMORY_END, "\n\n".join(memory_table(r) for r in results))
