@@ -155,3 +155,16 @@ def test_float16_beyond_range_is_one_line(tmp_path):
     load_checkpoint(path)
     with pytest.raises(CheckpointError, match="beyond the range of torch.float16"):
         load_checkpoint(path, dtype=torch.float16)
+
+
+def test_cli_external_data_and_float16(ckpt, tmp_path, capsys):
+    from msar_export import cli
+
+    out = tmp_path / "m.onnx"
+    assert cli.main(["export", str(ckpt), "-o", str(out), "--external-data", "--dtype", "float16"]) == 0
+    text = capsys.readouterr().out
+    assert "weights in m.onnx.data" in text and "float16" in text and "validation: PASS" in text, text
+    proto = onnx.load(str(out))  # external data resolved beside the file
+    embed = next(t for t in proto.graph.initializer if t.name == "model.embed.weight")
+    assert embed.data_type == onnx.TensorProto.FLOAT16
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]

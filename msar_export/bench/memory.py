@@ -77,12 +77,14 @@ def memory_table(result: dict) -> str:
              f"{c['vocab_size']}: {r0['parameters'] / 1e6:.0f} M parameters, {r0['checkpoint_mib']:.0f} MiB; "
              f"baseline (python importing msar_export and torch) {r0['baseline_mib']:.0f} MiB. Peak RSS of the "
              f"whole `msar-export export` run, validation included (MiB, VmHWM).", "",
-             "| variant | peak MiB | (peak - baseline) / checkpoint | goal | export alone MiB | wall s | validation |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| variant | peak MiB | (peak - baseline) / checkpoint | goal | export alone MiB | "
+             "(export alone - baseline) / checkpoint | wall s | validation |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:
         verdict = r["validation"].split(" - ")[0].replace("validation: ", "") or f"rc {r['returncode']}"
+        alone = (r["peak_export_mib"] - r["baseline_mib"]) / r["checkpoint_mib"]
         lines.append(f"| {r['variant']} | {r['peak_mib']:.0f} | {r['over_checkpoint']} | <= {r['goal']} | "
-                     f"{r['peak_export_mib']:.0f} | {r['wall_s']} | {verdict} |")
+                     f"{r['peak_export_mib']:.0f} | {alone:.2f} | {r['wall_s']} | {verdict} |")
     return "\n".join(lines)
 
 
