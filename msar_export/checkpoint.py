@@ -69,8 +69,11 @@ def expected_count(cfg: MSARConfig) -> int:
     return n
 
 
-def validate_tensors(cfg: MSARConfig, tensors: dict[str, torch.Tensor]) -> None:
-    """Raise CheckpointError naming the first problem; silent when all is well."""
+def validate_tensors(cfg: MSARConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> None:
+    """Raise CheckpointError naming the first problem; silent when all is well.
+
+    dtype: also convert each tensor in `tensors` to it, right after its values are
+    checked, so only one tensor is ever held in both precisions."""
     hint = f"(config: residual={cfg.residual}, n_blocks={cfg.n_blocks}, stream_kernels={list(cfg.stream_kernels)}, tie_embeddings={str(cfg.tie_embeddings).lower()})"
     n_want = expected_count(cfg)
     if n_want > 2 * len(tensors) + 64:
@@ -96,6 +99,11 @@ def validate_tensors(cfg: MSARConfig, tensors: dict[str, torch.Tensor]) -> None:
             )
         if not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"tensor {name!r} holds NaN or Inf values; the checkpoint is corrupt")
+        if dtype is not None and t.dtype != dtype:
+            tensors[name] = t = t.to(dtype)
+            if not bool(torch.isfinite(t).all()):
+                raise CheckpointError(f"tensor {name!r} has values beyond the range of {dtype}; "
+                                      "export in a wider dtype")
 
 
 def member(path: Path, name: str) -> Path:
@@ -120,11 +128,19 @@ def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tens
     st = path / WEIGHTS_FILE
     if os.path.lexists(st):
         st = member(path, WEIGHTS_FILE)  # a FIFO or device would block or never end
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        from safetensors import SafetensorError, safe_open
 
         try:
-            return load_file(st)
+            with safe_open(st, "pt") as f:
+                names = list(f.keys())
+            tensors = {}
+            for name in names:
+                # A handle per tensor, so each tensor maps its own part of the file: one shared
+                # mapping stays resident until the last tensor goes, so converting the weights to
+                # another dtype (or freeing some) would keep every float32 page alive beside them.
+                with safe_open(st, "pt") as f:
+                    tensors[name] = f.get_tensor(name)
+            return tensors
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"{st}: not a readable safetensors file ({first_line(e)}); "
                                   "the file is truncated or corrupt") from None
@@ -159,14 +175,14 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
         raise CheckpointError(f"{path}: a checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}, not a file")
     cfg = read_config(path)
     tensors = read_tensors(path, trust_pickle)
-    validate_tensors(cfg, tensors)
     if dtype is None:
         dtypes = {t.dtype for t in tensors.values()}
         dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    validate_tensors(cfg, tensors, dtype)  # converts tensor by tensor
     with torch.device("meta"):  # no random init: the weights come from the file
         model = MSARLM(cfg)
     # assign=True: the loaded tensors become the parameters (no second copy).
-    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True, assign=True)
+    model.load_state_dict(tensors, strict=True, assign=True)
     return model.eval()
 
 

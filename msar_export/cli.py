@@ -81,7 +81,8 @@ def cmd_generate(a) -> int:
 def cmd_export(a) -> int:
     from .export import ExportOptions, export_checkpoint
 
-    opts = ExportOptions(decode=a.decode, decomposed=a.decomposed, dtype=a.dtype, opset=a.opset, mixer_op=a.mixer_op)
+    opts = ExportOptions(decode=a.decode, decomposed=a.decomposed, dtype=a.dtype, opset=a.opset, mixer_op=a.mixer_op,
+                         external_data=a.external_data)
     report = export_checkpoint(a.checkpoint, a.output, opts, trust_pickle=a.trust_pickle, validate=not a.no_validate)
     print(report.summary())
     if report.validation is not None and not report.validation.passed:
@@ -130,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("-o", "--output", required=True, help="output .onnx path")
     e.add_argument("--decode", action="store_true", help="incremental-decoding graph with KV cache and conv state")
     e.add_argument("--decomposed", action="store_true", help="standard ONNX ops only, no msar custom nodes")
-    e.add_argument("--dtype", choices=DTYPES, default="float32")
+    e.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="weight dtype; a float32 checkpoint is converted tensor by tensor as it is read")
+    e.add_argument("--external-data", action="store_true",
+                   help="weights in OUTPUT.data beside the .onnx file (always so over protobuf's 2 GB limit)")
     e.add_argument("--opset", type=int, default=18)
     e.add_argument("--mixer-op", choices=("fused", "retrieval"), default="fused",
                    help="msar prefill: FusedMixer nodes (TensorRT plugin path) or shared views + DepthRetrieval "

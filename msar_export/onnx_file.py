@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from .errors import OnnxModelError
+from .onnx_wire import load_without_weights
 from .untrusted import contained
 
 
@@ -43,8 +44,10 @@ def external_data_files(model, path: str | os.PathLike) -> dict[str, Path]:
     return files
 
 
-def inspect_onnx(path: str | os.PathLike):
-    """Return the ModelProto (without external data) or raise OnnxModelError."""
+def inspect_onnx(path: str | os.PathLike, weights: bool = True):
+    """Return the ModelProto (without external data) or raise OnnxModelError.
+
+    weights=False: large in-file weights are not read (see `load_without_weights`)."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -58,8 +61,8 @@ def inspect_onnx(path: str | os.PathLike):
     if path.stat().st_size == 0:
         raise OnnxModelError(f"{path}: file is empty")
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError) as e:
+        model = onnx.load(str(path), load_external_data=False) if weights else load_without_weights(path)
+    except (DecodeError, ValueError, RuntimeError, EOFError) as e:
         raise OnnxModelError(f"{path}: not an ONNX model or truncated (protobuf parse failed: {str(e)[:120]})") from None
     if not model.graph.node or not model.graph.output:
         raise OnnxModelError(f"{path}: not an ONNX model or truncated (no graph nodes or outputs)")

@@ -28,14 +28,18 @@ def default_providers() -> list[str]:
 
 
 def open_session(path: str | os.PathLike, providers: list[str] | None = None, threads: int | None = None,
-                 optimization: str = "all"):
+                 optimization: str = "all", low_memory: bool = False):
+    """low_memory: no pre-packed copy of each MatMul weight (ORT's CPU default: a second
+    copy of most weights), so weights in external data are used straight from the mapped file."""
     import onnxruntime as ort
 
     from .onnx_file import inspect_onnx
 
     path = Path(path)
-    inspect_onnx(path)
+    inspect_onnx(path, weights=False)  # a clear error for an unusable file; ORT reads the weights
     opts = ort.SessionOptions()
+    if low_memory:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -60,9 +64,10 @@ def config_of(session, path) -> MSARConfig:
 class OrtModel:
     """The prefill graph: input_ids -> logits."""
 
-    def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all"):
+    def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all",
+                 low_memory: bool = False):
         self.path = Path(path)
-        self.session = open_session(path, providers, threads, optimization)
+        self.session = open_session(path, providers, threads, optimization, low_memory)
         self.cfg = config_of(self.session, path)
 
     def logits(self, input_ids) -> np.ndarray:
@@ -74,9 +79,10 @@ class OrtModel:
 class OrtDecoder:
     """The decode graph: prefill with an empty cache, then one token per step."""
 
-    def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all"):
+    def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all",
+                 low_memory: bool = False):
         self.path = Path(path)
-        self.session = open_session(path, providers, threads, optimization)
+        self.session = open_session(path, providers, threads, optimization, low_memory)
         self.cfg = config_of(self.session, path)
         names = [i.name for i in self.session.get_inputs()]
         self.spec = GraphSpec(self.cfg, decode=True)

@@ -388,11 +388,13 @@ def test_disk_full_while_writing_is_one_line_and_leaves_nothing(ckpt, tmp_path, 
 
     import msar_export.export.exporter as exporter
 
-    def full(model, path, release):  # half a file, then the disk is full
+    def full(model, path, release, data_name=None):  # half a file, then the disk is full
         path.write_bytes(b"\0" * 100)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(exporter, "_write_streamed", full)
+    import msar_export.export.save as save
+
+    monkeypatch.setattr(save, "_write_streamed", full)
     with pytest.raises(OutputError, match="No space left on device"):
         export_checkpoint(ckpt, tmp_path / "m.onnx", ExportOptions(), validate=False)
     assert list(tmp_path.iterdir()) == []

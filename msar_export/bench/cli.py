@@ -8,11 +8,11 @@ from pathlib import Path
 def cmd_bench(a) -> int:
     import json
 
+    from ..errors import InputError
     from .report import markdown_table, update_readme
     from .run import QUICK, BenchSettings, run_bench, write_results
 
     if a.export_scaling:
-        from ..errors import InputError
         from .scaling import KIND_FLAGS, run_export_scaling, scaling_table, write_scaling
 
         try:
@@ -31,6 +31,26 @@ def cmd_bench(a) -> int:
 
             update_readme_scaling(Path(a.update_readme), res)
         print(f"wrote {Path(a.out) / 'export_scaling.json'} and {Path(a.out) / 'export_scaling.png'}")
+        return 0 if all(r["returncode"] == 0 for r in res["rows"]) else 1
+    if a.export_memory:
+        from .memory import VARIANTS, memory_config, memory_table, run_export_memory, write_memory
+
+        variants = VARIANTS if a.variants == "all" else [v for v in VARIANTS if v[0] in a.variants.split(",")]
+        if not variants:
+            raise InputError(f"--variants: none of {a.variants!r} is one of {[v[0] for v in VARIANTS]}")
+        try:
+            nb, d, vocab = (int(x) for x in a.memory_shape.split(","))
+        except ValueError:
+            raise InputError(f"--memory-shape takes n_blocks,d_model,vocab, got {a.memory_shape!r}") from None
+        res = run_export_memory(memory_config(nb, d, vocab), variants)
+        write_memory(res, Path(a.out), a.memory_name)
+        print(memory_table(res))
+        if a.update_readme:
+            from .memory import update_readme_memory
+
+            stems = ("export_memory", "export_memory_2gb")  # every result in --out, as the README shows them
+            update_readme_memory(Path(a.update_readme), [json.loads((Path(a.out) / f"{s}.json").read_text())
+                                                         for s in stems if (Path(a.out) / f"{s}.json").is_file()])
         return 0 if all(r["returncode"] == 0 for r in res["rows"]) else 1
     if a.mixer:
         from ..fileio import atomic_write_text
@@ -75,4 +95,11 @@ def register(sub) -> None:
     b.add_argument("--widths", default="128", help="--export-scaling: d_model values")
     b.add_argument("--kinds", default="default,decomposed,decode", help="--export-scaling: graph kinds")
     b.add_argument("--validate", action="store_true", help="--export-scaling: include export validation")
+    b.add_argument("--export-memory", action="store_true",
+                   help="only the whole-process peak RSS of `export` (validation included) per graph kind against "
+                        "the checkpoint's bytes (JSON + PNG)")
+    b.add_argument("--memory-shape", default="24,1024,32000", metavar="BLOCKS,D_MODEL,VOCAB",
+                   help="--export-memory: the random checkpoint's shape (default about 320 M parameters)")
+    b.add_argument("--variants", default="all", help="--export-memory: comma-separated variant labels, or all")
+    b.add_argument("--memory-name", default="export_memory", help="--export-memory: JSON/PNG file name stem")
     b.set_defaults(func=cmd_bench)

@@ -83,11 +83,15 @@ def markdown_table(result: dict) -> str:
 
 def update_readme(readme: Path, result: dict) -> bool:
     """Replace the text between the bench markers; returns whether it changed."""
+    return replace_block(readme, BEGIN, END, markdown_table(result))
+
+
+def replace_block(readme: Path, begin: str, end: str, body: str) -> bool:
+    """Replace the text between two marker lines; returns whether it changed."""
     text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{readme} has no {BEGIN} ... {END} block")
-    new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{markdown_table(result)}\n{END}",
-                 text, flags=re.S)
+    if begin not in text or end not in text:
+        raise ValueError(f"{readme} has no {begin} ... {end} block")
+    new = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
     if new != text:
         with atomic_path(readme) as tmp:
             tmp.write_text(new)

@@ -13,7 +13,7 @@ from ..checkpoint import save_checkpoint
 from ..config import MSARConfig
 from ..fileio import atomic_write_text
 from .probe import cli_probe
-from .report import save_png
+from .report import replace_block, save_png
 from .run import random_model
 from .timing import machine_description
 
@@ -127,7 +127,4 @@ SCALING_BEGIN, SCALING_END = "<!-- export-scaling:begin -->", "<!-- export-scali
 
 def update_readme_scaling(readme: Path, result: dict) -> None:
     """Replace the block between the export-scaling markers with this result's table."""
-    text = readme.read_text()
-    head, rest = text.split(SCALING_BEGIN, 1)
-    _, tail = rest.split(SCALING_END, 1)
-    atomic_write_text(readme, f"{head}{SCALING_BEGIN}\n{scaling_table(result)}\n{SCALING_END}{tail}")
+    replace_block(readme, SCALING_BEGIN, SCALING_END, scaling_table(result))

@@ -17,17 +17,16 @@ import torch
 
 from ..checkpoint import load_checkpoint
 from ..errors import InputError
-from ..fileio import check_output_file, os_errors_as_output_errors, scratch_dir_beside
+from ..memory import return_freed_memory
+from ..fileio import check_output_file
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import depth_retrieval_function, fused_mixer_function
-from .optimize import optimize_model, remove_identity_casts, separate_consumed_outputs
 from ..graph_spec import (HIDDEN, META_CHECKPOINT, META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH,
                           META_MIXER_OP, GraphSpec)
 from .graphs import DecodeGraph, PrefillGraph, dynamic_shapes, example_inputs
+from .optimize import optimize_model, remove_identity_casts, separate_consumed_outputs
+from .save import EXTERNAL_DATA_ABOVE, save_model, weight_bytes
 
-TWO_GB = 2 * 1024**3
-# Protobuf's 2 GB limit, less room for the graph itself.
-EXTERNAL_DATA_ABOVE = TWO_GB - 64 * 1024**2
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -42,6 +41,8 @@ class ExportOptions:
     # views expanded once per source in standard ops + DepthRetrieval nodes
     # (faster in ONNX Runtime, whose inlined function bodies cannot share work).
     mixer_op: str = "fused"
+    # Weights in `<output>.data` beside the .onnx file; always so over protobuf's 2 GB.
+    external_data: bool = False
 
     def __post_init__(self):
         if self.mixer_op not in ("fused", "retrieval"):
@@ -60,19 +61,24 @@ class ExportReport:
     parameters: int = 0
     file_bytes: int = 0
     export_seconds: float = 0.0
-    peak_rss_mb: float = 0.0
+    peak_rss_mb: float = 0.0  # trace + save
     validation: object | None = None
+    peak_rss_validated_mb: float | None = None  # the whole run, validation included
+    external_data: bool = False
 
     def summary(self) -> str:
         ops = ", ".join(f"{DOMAIN}::{k} x{v}" for k, v in sorted(self.custom_ops.items())) or "none"
         kind = ("decode" if self.options.decode else "prefill") + (", decomposed" if self.options.decomposed else "")
         if self.custom_ops and not self.options.decode:
             kind += f", mixer-op {self.options.mixer_op}"
+        if self.external_data:
+            kind += f", weights in {self.path.name}.data"
         lines = [
             f"exported {self.path} ({kind}, {self.options.dtype}, opset {self.options.opset})",
             f"  custom ops: {ops}",
             f"  parameters: {self.parameters:,}   file: {self.file_bytes / 1e6:.2f} MB   "
-            f"export: {self.export_seconds:.1f} s   peak RSS: {self.peak_rss_mb:.0f} MB",
+            f"export: {self.export_seconds:.1f} s   peak RSS: {self.peak_rss_mb:.0f} MB"
+            + ("" if self.peak_rss_validated_mb is None else f" ({self.peak_rss_validated_mb:.0f} MB with validation)"),
         ]
         if self.validation is not None:
             lines.append("  " + self.validation.summary())
@@ -226,81 +232,25 @@ def describe(model: ir.Model, cfg, opts: ExportOptions, source_name: str) -> Non
     })
 
 
-def _write_streamed(model: ir.Model, path: Path, release: bool) -> int:
-    """Write `model` as one .onnx file without ever holding a serialised copy of
-    all its weights: first the model without initializers, then one
-    `ModelProto{graph{initializer: [t]}}` fragment per weight.  Protobuf merges
-    repeated occurrences of a message field, so every reader parses this as one
-    graph whose initializers come in this order (the file stays deterministic).
-    Holding the proto and SerializeToString's bytes made saving peak at about 3x
-    the weights on top of the model itself.  release: drop each weight from
-    `model` once written (the caller is done with it)."""
-    import onnx
-
-    inits = list(model.graph.initializers.values())
-    model.graph.initializers.clear()
-    try:
-        head = ir.serde.serialize_model(model).SerializeToString(deterministic=True)
-    finally:
-        for v in inits:
-            model.graph.initializers[v.name] = v
-    size = len(head)
-    with open(path, "wb") as f:
-        f.write(head)
-        del head
-        for v in inits:
-            tensor = ir.serde.serialize_tensor(v.const_value)
-            tensor.name = v.name  # the value's name; a lifted constant's tensor may still carry its old one
-            frag = onnx.ModelProto(graph=onnx.GraphProto(initializer=[tensor]))
-            del tensor
-            data = frag.SerializeToString(deterministic=True)
-            del frag
-            f.write(data)
-            size += len(data)
-            if release:
-                v.const_value = None
-    return size
-
-
-def save_model(model: ir.Model, out: Path, release: bool = False) -> int:
-    """Serialise deterministically and write atomically; external data over 2 GB.
-    release: drop `model`'s weights once serialised (the caller is done with it)."""
-    import onnx
-
-    big = sum(v.const_value.nbytes for v in model.graph.initializers.values()
-              if v.const_value is not None) > EXTERNAL_DATA_ABOVE
-    data_name = out.name + ".data"
-    with scratch_dir_beside(out) as tmp, os_errors_as_output_errors(out):
-        if not big:
-            size = _write_streamed(model, tmp / out.name, release)
-            check_output_file(out)
-            os.replace(tmp / out.name, out)
-            return size
-        proto = ir.serde.serialize_model(model)
-        onnx.save_model(proto, str(tmp / out.name), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_name, size_threshold=1024)
-        check_output_file(out)
-        check_output_file(out.parent / data_name)
-        # Data first: a model file never points at a missing or older data file.
-        os.replace(tmp / data_name, out.parent / data_name)
-        os.replace(tmp / out.name, out)
-    return out.stat().st_size + (out.parent / data_name).stat().st_size
-
-
 def export_model(model, out: str | os.PathLike, opts: ExportOptions = ExportOptions(), source_name: str = "",
                  validate: bool = True) -> ExportReport:
-    """Export an in-memory MSARLM (library API behind the CLI)."""
-    return _export(lambda: model, out, opts, source_name, validate)
+    """Export an in-memory MSARLM (library API behind the CLI); converts it to opts.dtype in place."""
+    return _export(lambda dtype: model.to(dtype), out, opts, source_name, validate, owns_model=False)
 
 
-def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) -> ExportReport:
-    """`load()` gives the model (again for validation, after the file is written)."""
+def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, owns_model: bool) -> ExportReport:
+    """`load(dtype)` gives the model in `dtype` (again in float32 for validation, after the
+    file is written and the exported weights are gone: the two never live at once)."""
     out = check_output_file(out)  # before minutes of tracing, not after
     t0 = time.perf_counter()
-    model = load().to(DTYPES[opts.dtype]).eval()
+    model = load(DTYPES[opts.dtype]).eval()  # converted as read: never both precisions of every weight
     cfg, n_params = model.cfg, sum(p.numel() for p in model.parameters())
     with torch.no_grad():
         onnx_model = trace_to_ir(model, opts)
+    # torch.onnx's graph keeps inputs it removed (a zero-count entry in onnx_ir's
+    # _GraphIO ref counter), and with them about two thirds of the parameters, past
+    # every del and gc: a model we loaded ourselves is emptied in place after saving.
+    owned = list(model.parameters()) if owns_model else []
     del model
     counts = attach_functions(onnx_model, cfg, opts.opset)
     if opts.decomposed:
@@ -310,19 +260,27 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool) ->
     name_hidden_states(onnx_model, cfg.n_sublayers)
     describe(onnx_model, cfg, opts, source_name)
     gc.collect()  # the exported program and its module hold references to the weights until collected
-    size = save_model(onnx_model, out, release=True)
+    external = opts.external_data or weight_bytes(onnx_model) > EXTERNAL_DATA_ABOVE
+    size = save_model(onnx_model, out, release=True, external_data=external)
     del onnx_model
-    report = ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, peak_rss_mb())
+    for p in owned:
+        p.data = torch.empty(0, dtype=p.dtype)
+    del owned
+    return_freed_memory()
+    report = ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, peak_rss_mb(),
+                          external_data=external)
     if validate:
         from .validate import validate_export
 
-        report.validation = validate_export(out, load().eval(), opts)  # judged against float64
+        # A loader, not a model: validation frees the model before ONNX Runtime loads the file.
+        report.validation = validate_export(out, lambda: load(torch.float32).eval(), opts)  # judged against float64
+        report.peak_rss_validated_mb = peak_rss_mb()
     return report
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, opts: ExportOptions = ExportOptions(),
                       trust_pickle: bool = False, validate: bool = True) -> ExportReport:
-    def load():
-        return load_checkpoint(checkpoint, dtype=torch.float32, trust_pickle=trust_pickle)
+    def load(dtype):
+        return load_checkpoint(checkpoint, dtype=dtype, trust_pickle=trust_pickle)
 
-    return _export(load, out, opts, Path(checkpoint).name, validate)
+    return _export(load, out, opts, Path(checkpoint).name, validate, owns_model=True)

@@ -5,6 +5,7 @@ tolerance model of `msar_export.verdict`."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,9 @@ import numpy as np
 import torch
 
 from ..errors import first_line
+from ..memory import return_freed_memory
+from ..model.precision import float64_one_sublayer_at_a_time
+from ..onnx_wire import load_without_weights
 from ..verdict import Verdict, judge, rel_err  # noqa: F401  (rel_err: the one metric, re-exported)
 
 @dataclass
@@ -43,16 +47,23 @@ class ValidationResult:
 
 
 def _static_checks(path: Path, res: ValidationResult) -> None:
+    """The checker and strict shape inference, on the file without its weights (which
+    neither reads; checking a whole single-file model held it 3-4 times over)."""
     import onnx
 
+    skeleton = load_without_weights(path)
+    # The checker resolves the skeleton's references to the weights from the folder of the
+    # file it is given, so it gets a copy of the skeleton beside the model.
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".skeleton") as f:
+        f.write(skeleton.SerializeToString())
+        f.flush()
+        try:
+            onnx.checker.check_model(f.name, full_check=True)
+            res.checks.append("onnx.checker full")
+        except Exception as e:
+            res.failures.append(f"onnx.checker: {first_line(e)}")
     try:
-        onnx.checker.check_model(str(path), full_check=True)
-        res.checks.append("onnx.checker full")
-    except Exception as e:
-        res.failures.append(f"onnx.checker: {first_line(e)}")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(onnx.load(str(path), load_external_data=False),
-                                                     check_type=True, strict_mode=True, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
         out = {o.name: o for o in inferred.graph.output}
         rank = len(out["logits"].type.tensor_type.shape.dim)
         if rank != 3:
@@ -66,18 +77,21 @@ def _eager_logits(model, ids: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     """The eager model's logits with its weights in `dtype` (converted in place)."""
     model.to(dtype)
     with torch.no_grad():
-        return model(ids).to(torch.float64 if dtype == torch.float64 else torch.float32).numpy()
+        return model(ids).float().numpy()
 
 
 def validate_export(path: Path, model, opts, batch: int = 3, seq: int | None = None) -> ValidationResult:
     """Check the file at `path` against `model` (the checkpoint's weights, any dtype;
-    converted in place and left in the export dtype): ORT's logits against the
-    eager model in float64, judged by msar_export.verdict against the eager
-    model's own error at the export precision."""
+    converted in place and left in the export dtype), or against `model()` when
+    it is a loader, which is freed before ONNX Runtime loads the file: ORT's logits
+    against the eager model in float64, judged by msar_export.verdict against the
+    eager model's own error at the export precision."""
     from .exporter import DTYPES
 
     res = ValidationResult()
     _static_checks(path, res)
+    if not isinstance(model, torch.nn.Module):
+        model = model()
     cfg = model.cfg
     seq = seq or max(19, cfg.kmax + 7)  # traced at (2, 5); cover the widest conv window
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(7))
@@ -87,10 +101,13 @@ def validate_export(path: Path, model, opts, batch: int = 3, seq: int | None = N
         return res
     from ..runtime import OrtDecoder, OrtModel
 
-    ref64 = _eager_logits(model, ids, torch.float64)  # first: float64 of the stored weights, not of rounded ones
+    with float64_one_sublayer_at_a_time(model), torch.no_grad():
+        ref64 = model(ids).numpy()  # first: float64 of the stored weights, not of rounded ones
     eager_p = _eager_logits(model, ids, DTYPES[opts.dtype])
+    del model  # the caller's loader gave the only reference: ORT's copy of the weights comes next
+    return_freed_memory()
     if opts.decode:
-        dec = OrtDecoder(path, threads=2)
+        dec = OrtDecoder(path, threads=2, low_memory=True)
         split = seq - 4  # prefill, then single-token steps
         mask = np.ones((batch, split), np.int64)
         pos = np.broadcast_to(np.arange(split), (batch, split))
@@ -103,7 +120,7 @@ def validate_export(path: Path, model, opts, batch: int = 3, seq: int | None = N
         got = np.concatenate(outs, axis=1)
         res.shapes = f"prefill {batch}x{split} + {seq - split} decode steps"
     else:
-        got = OrtModel(path, threads=2).session.run(["logits"], {"input_ids": ids.numpy()})[0]
+        got = OrtModel(path, threads=2, low_memory=True).session.run(["logits"], {"input_ids": ids.numpy()})[0]
         res.shapes = f"input_ids {batch}x{seq}"
     res.verdict = judge(got, eager_p, ref64, opts.dtype)
     if not res.verdict.passed:

@@ -1,0 +1,121 @@
+"""`msar-export bench --export-memory`: whole-process peak RSS of `msar-export
+export` (validation included) against the checkpoint's bytes, per graph kind,
+each export in its own child process.  The issue-12 goal: peak <= 1.5 x the
+checkpoint + the interpreter's baseline (python importing msar_export and torch)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..checkpoint import save_checkpoint
+from ..config import MSARConfig
+from ..fileio import atomic_write_text
+from .probe import cli_probe, python_probe
+from .report import replace_block, save_png
+from .run import random_model
+from .scaling import KIND_FLAGS, _reported
+from .timing import machine_description
+
+GOAL = 1.5
+# (label, export flags): every graph kind, then the options that change what is held.
+VARIANTS = tuple((kind, flags) for kind, flags in KIND_FLAGS.items()) + (
+    ("default --external-data", ["--external-data"]), ("default --dtype float16", ["--dtype", "float16"]))
+BASELINE_CODE = ("import msar_export, torch\n"
+                 "print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) / 1024)")
+
+
+def memory_config(n_blocks: int = 24, d_model: int = 1024, vocab: int = 32000) -> MSARConfig:
+    return MSARConfig(vocab_size=vocab, d_model=d_model, n_blocks=n_blocks, n_heads=d_model // 64,
+                      n_kv_heads=d_model // 128, mlp_hidden=11 * d_model // 4, max_seq_len=4096, residual="msar")
+
+
+def baseline_mb() -> float:
+    return float(python_probe(BASELINE_CODE)["stdout"].split()[-1])
+
+
+def run_export_memory(cfg: MSARConfig, variants=VARIANTS, work: Path | None = None, log=print) -> dict:
+    rows = []
+    base = baseline_mb()
+    with tempfile.TemporaryDirectory(prefix="msar-memory-", dir=work) as tmp:
+        ckpt = Path(tmp) / "ckpt"
+        model = random_model(cfg)
+        params = sum(p.numel() for p in model.parameters())
+        save_checkpoint(model, ckpt)
+        del model
+        ckpt_mb = (ckpt / "model.safetensors").stat().st_size / 2**20
+        log(f"  {params / 1e6:.0f} M parameters, checkpoint {ckpt_mb:.0f} MiB, baseline {base:.0f} MiB")
+        for label, flags in variants:
+            out = Path(tmp) / "m.onnx"
+            r = cli_probe("export", str(ckpt), "-o", str(out), *flags)
+            total = _reported(r["stdout"], "MB (", "MB with validation")
+            row = {"variant": label, "parameters": params, "checkpoint_mib": round(ckpt_mb, 1),
+                   "baseline_mib": round(base, 1), "returncode": r["returncode"], "wall_s": round(r["seconds"], 1),
+                   "export_s": _reported(r["stdout"], "export:", "s"),
+                   "peak_export_mib": _reported(r["stdout"], "peak RSS:", "MB"), "peak_mib": total,
+                   "over_checkpoint": round((total - base) / ckpt_mb, 2), "goal": GOAL,
+                   "validation": next((ln.strip() for ln in r["stdout"].splitlines() if "validation:" in ln), "")[:300],
+                   "file_mib": round(sum(p.stat().st_size for p in out.parent.glob(out.name + "*")) / 2**20, 1)}
+            if r["returncode"] != 0:
+                row["stderr"] = r["stderr"][-400:]
+            for p in out.parent.glob(out.name + "*"):
+                p.unlink()
+            rows.append(row)
+            log(f"  {label:26s}: peak {total:.0f} MiB = baseline + {row['over_checkpoint']}x checkpoint "
+                f"(export alone {row['peak_export_mib']:.0f}), {row['wall_s']} s, rc {r['returncode']}")
+        shutil.rmtree(ckpt)
+    return {"machine": machine_description(2), "settings": {"config": json.loads(cfg.to_json())}, "rows": rows}
+
+
+def memory_table(result: dict) -> str:
+    m, c = result["machine"], result["settings"]["config"]
+    r0 = result["rows"][0]
+    lines = [f"Measured {m['date']} on {m['cpu']} ({m['logical_cores']} cores, shared with other work), torch "
+             f"{m['torch']}; random msar checkpoint, {c['n_blocks']} blocks, d_model {c['d_model']}, vocab "
+             f"{c['vocab_size']}: {r0['parameters'] / 1e6:.0f} M parameters, {r0['checkpoint_mib']:.0f} MiB; "
+             f"baseline (python importing msar_export and torch) {r0['baseline_mib']:.0f} MiB. Peak RSS of the "
+             f"whole `msar-export export` run, validation included (MiB, VmHWM).", "",
+             "| variant | peak MiB | (peak - baseline) / checkpoint | goal | export alone MiB | "
+             "(export alone - baseline) / checkpoint | wall s | validation |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        verdict = r["validation"].split(" - ")[0].replace("validation: ", "") or f"rc {r['returncode']}"
+        alone = (r["peak_export_mib"] - r["baseline_mib"]) / r["checkpoint_mib"]
+        lines.append(f"| {r['variant']} | {r['peak_mib']:.0f} | {r['over_checkpoint']} | <= {r['goal']} | "
+                     f"{r['peak_export_mib']:.0f} | {alone:.2f} | {r['wall_s']} | {verdict} |")
+    return "\n".join(lines)
+
+
+def plot_memory(result: dict, out_png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    ax.bar(range(len(rows)), [r["over_checkpoint"] for r in rows])
+    ax.axhline(GOAL, color="red", linestyle="--", label=f"goal {GOAL}x")
+    ax.set_xticks(range(len(rows)), [r["variant"] for r in rows], rotation=15, fontsize=8)
+    ax.set_ylabel("(peak RSS - baseline) / checkpoint")
+    ax.legend()
+    m = result["machine"]
+    fig.suptitle(f"msar-export export peak memory - {rows[0]['parameters'] / 1e6:.0f} M params - {m['date']}",
+                 fontsize=9)
+    save_png(fig, out_png)
+
+
+def write_memory(result: dict, out_dir: Path, name: str = "export_memory") -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / f"{name}.json", json.dumps(result, indent=1) + "\n")
+    plot_memory(result, out_dir / f"{name}.png")
+
+
+MEMORY_BEGIN, MEMORY_END = "<!-- export-memory:begin -->", "<!-- export-memory:end -->"
+
+
+def update_readme_memory(readme: Path, results: list[dict]) -> None:
+    """The README's export-memory block: one table per result (the ~320 M model, the >2 GB one)."""
+    replace_block(readme, MEMORY_BEGIN, MEMORY_END, "\n\n".join(memory_table(r) for r in results))

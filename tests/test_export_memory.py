@@ -1,0 +1,170 @@
+"""Memory-bounded export, checked by its outputs and by what is alive, not by RSS
+(the RSS goals are measured by `msar-export bench --export-memory`): weights
+written one at a time, inline or as external data, read back by every consumer;
+the weightless skeleton the checker sees; the float64 reference without a
+float64 model; dtype conversion one tensor at a time."""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from conftest import make_checkpoint
+from msar_export import checkpoint as checkpoint_mod
+from msar_export import load_checkpoint
+from msar_export.export import ExportOptions, export_checkpoint
+from msar_export.export.save import ALIGN
+from msar_export.model.precision import float64_one_sublayer_at_a_time
+from msar_export.onnx_wire import load_without_weights
+from msar_export.runtime import OrtModel
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("mem") / "msar", seed=4, n_blocks=3, tie_embeddings=False)[0]
+
+
+@pytest.fixture(scope="module")
+def inline_and_external(ckpt, tmp_path_factory):
+    root = tmp_path_factory.mktemp("onnx")
+    inline = export_checkpoint(ckpt, root / "inline.onnx", ExportOptions(), validate=False)
+    external = export_checkpoint(ckpt, root / "ext.onnx", ExportOptions(external_data=True), validate=True)
+    return inline, external
+
+
+def _weights(path) -> dict[str, np.ndarray]:
+    return {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+
+
+def test_external_data_holds_the_weights_and_ort_computes_the_same(ckpt, inline_and_external):
+    inline, external = inline_and_external
+    assert external.external_data and not inline.external_data
+    assert external.validation.passed, external.summary()
+    assert "weights in ext.onnx.data" in external.summary()
+    proto = onnx.load(str(external.path), load_external_data=False)
+    stored = {t.name: t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    assert "model.embed.weight" in stored and len(stored) > 10
+    for t in stored.values():
+        entry = {e.key: e.value for e in t.external_data}
+        assert entry["location"] == "ext.onnx.data" and int(entry["offset"]) % ALIGN == 0
+    # the same weights, bit for bit, whichever way they were stored
+    a, b = _weights(inline.path), _weights(external.path)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    head = load_checkpoint(ckpt).lm_head.weight.detach().numpy()  # stored transposed (folded at export)
+    assert any(v.shape == head.T.shape and np.array_equal(v, head.T) for v in b.values())
+    ids = np.arange(26, dtype=np.int64).reshape(2, 13) % 61
+    got = [OrtModel(p, threads=1, low_memory=low).logits(ids) for p in (inline.path, external.path) for low in (0, 1)]
+    assert all(np.array_equal(got[0], g) for g in got[1:])
+
+
+def test_skeleton_leaves_out_the_weights_and_points_at_them_in_the_file(inline_and_external):
+    inline, _ = inline_and_external
+    full = onnx.load(str(inline.path))
+    skel = load_without_weights(inline.path)
+    assert [n.op_type for n in skel.graph.node] == [n.op_type for n in full.graph.node]
+    assert skel.metadata_props == full.metadata_props and len(skel.functions) == len(full.functions)
+    raw = inline.path.read_bytes()
+    left_out = 0
+    for s, f in zip(skel.graph.initializer, full.graph.initializer):
+        assert (s.name, list(s.dims), s.data_type) == (f.name, list(f.dims), f.data_type)
+        if s.data_location == onnx.TensorProto.EXTERNAL:
+            entry = {e.key: e.value for e in s.external_data}
+            assert entry["location"] == inline.path.name
+            off, n = int(entry["offset"]), int(entry["length"])
+            assert raw[off:off + n] == f.raw_data
+            left_out += n
+        else:
+            assert s == f
+    assert left_out > 0.3 * inline.file_bytes  # this tiny model's tensors are mostly under 1 KiB
+    assert len(skel.SerializeToString()) < inline.file_bytes - left_out + 4096
+
+
+def test_truncated_file_is_one_clear_error(inline_and_external, tmp_path):
+    from msar_export.errors import OnnxModelError
+    from msar_export.onnx_file import inspect_onnx
+
+    inline, _ = inline_and_external
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(inline.path.read_bytes()[: inline.file_bytes // 2])
+    with pytest.raises(OnnxModelError, match="truncated"):
+        inspect_onnx(cut, weights=False)
+
+
+def test_float64_reference_one_sublayer_at_a_time_is_model_double(ckpt):
+    model = load_checkpoint(ckpt)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 15), generator=torch.Generator().manual_seed(1))
+    want = copy.deepcopy(model).double()(ids).detach()
+    seen = []  # float64 weights alive while each sublayer runs
+    for layer in model.layers.values():
+        layer.register_forward_hook(lambda mod, a, o: seen.append(
+            sum(p.numel() for p in model.layers.parameters() if p.dtype == torch.float64)))
+    with torch.no_grad(), float64_one_sublayer_at_a_time(model):
+        got = model(ids)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+    biggest = max(sum(p.numel() for p in layer.parameters()) for layer in model.layers.values())
+    assert len(seen) == model.cfg.n_sublayers and max(seen) <= biggest
+    after = model.state_dict()
+    assert all(after[k].dtype == torch.float32 and torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_dtype_conversion_never_holds_both_precisions_of_every_weight(ckpt, monkeypatch):
+    """Live bytes counted at each conversion: the float32 originals die as their
+    float16 copies are made, so the peak is the float32 total plus one tensor."""
+    originals: list[weakref.ref] = []
+    real_read = checkpoint_mod.read_tensors
+
+    def read(path, trust_pickle=False):
+        tensors = real_read(path, trust_pickle)
+        originals.extend(weakref.ref(t) for t in tensors.values())
+        return Watched(tensors)
+
+    live = []
+
+    class Watched(dict):
+        def __setitem__(self, name, value):
+            super().__setitem__(name, value)
+            f32 = sum(r().nbytes for r in originals if r() is not None)
+            f16 = sum(t.nbytes for t in self.values() if t.dtype == torch.float16)
+            live.append(f32 + f16)
+
+    monkeypatch.setattr(checkpoint_mod, "read_tensors", read)
+    model = load_checkpoint(ckpt, dtype=torch.float16)
+    assert all(p.dtype == torch.float16 for p in model.parameters())
+    total = sum(r().nbytes for r in originals if r() is not None)
+    assert total == 0, "float32 originals outlived the load"
+    f32_total = 2 * sum(p.nbytes for p in model.parameters())
+    largest = max(p.nbytes for p in model.parameters())
+    assert live and max(live) <= f32_total + 2 * largest
+
+
+def test_float16_beyond_range_is_one_line(tmp_path):
+    from conftest import random_tensors, write_checkpoint
+    from msar_export.config import MSARConfig
+    from msar_export.errors import CheckpointError
+
+    path, cfg = make_checkpoint(tmp_path / "c", seed=1)
+    tensors = random_tensors(MSARConfig.from_dict(cfg), 1)
+    tensors["final_norm.weight"][0] = 1e6  # finite in float32, inf in float16
+    write_checkpoint(path, cfg, tensors)
+    load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="beyond the range of torch.float16"):
+        load_checkpoint(path, dtype=torch.float16)
+
+
+def test_cli_external_data_and_float16(ckpt, tmp_path, capsys):
+    from msar_export import cli
+
+    out = tmp_path / "m.onnx"
+    assert cli.main(["export", str(ckpt), "-o", str(out), "--external-data", "--dtype", "float16"]) == 0
+    text = capsys.readouterr().out
+    assert "weights in m.onnx.data" in text and "float16" in text and "validation: PASS" in text, text
+    proto = onnx.load(str(out))  # external data resolved beside the file
+    embed = next(t for t in proto.graph.initializer if t.name == "model.embed.weight")
+    assert embed.data_type == onnx.TensorProto.FLOAT16
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
