@@ -20,10 +20,10 @@ from safetensors.torch import load_file, save_file
 from conftest import REPO, make_checkpoint, trained_checkpoint
 from msar_export.checkpoint import load_checkpoint
 from msar_export.cli import main
-from msar_export.compare import PRESETS, check_parity
+from msar_export.compare import check_parity
 from msar_export.compare.inputs import check_shapes, default_shapes, parse_shapes, token_batches
 from msar_export.compare.parity import REFERENCE, compare_backend
-from msar_export.compare.tolerances import Tolerance, looser
+from msar_export.compare.tolerances import Tolerance, fixed, looser
 from msar_export.errors import InputError
 from msar_export.export import ExportOptions, export_model
 from msar_export.runners.common import layer_order
@@ -125,7 +125,7 @@ def test_faithful_export_passes(faithful):
     ort = result.backend("onnxrt")
     assert result.passed and result.exit_code == 0, ort
     assert [lr.name for lr in ort.layers] == layer_order(load_checkpoint(ckpt).cfg)
-    assert all(lr.passed and lr.error < PRESETS["float32"].hidden / 10 for lr in ort.layers)
+    assert all(lr.passed and lr.error < 1e-5 for lr in ort.layers)
     assert all(lr.max_abs is not None and lr.max_rel is not None for lr in ort.layers)
     trt = result.backend("tensorrt")
     why = tensorrt_unavailable()
@@ -216,22 +216,22 @@ def test_nan_or_inf_fails_whatever_the_tolerance(reference, value):
 def test_identical_outputs_pass_and_nothing_goes_missing_unnoticed(reference):
     cfg, ref, got = _ref_and_copy(reference)
     names = layer_order(cfg)
-    assert compare_backend(ref, got, names, PRESETS["float32"], "fake", "float32").passed
+    assert compare_backend(ref, got, names, FIXED, "fake", "float32").passed
     # an output the backend does not produce fails (unless declared optional) ...
     got = [rebuilt(it, drop="hidden.3") for it in got]
-    res = compare_backend(ref, got, names, PRESETS["float32"], "fake", "float32")
+    res = compare_backend(ref, got, names, FIXED, "fake", "float32")
     assert res.status == "fail" and res.first_bad.name == "hidden.3"
-    opt = compare_backend(ref, got, names, PRESETS["float32"], "fake", "float32", optional=("hidden.3",))
+    opt = compare_backend(ref, got, names, FIXED, "fake", "float32", optional=("hidden.3",))
     assert opt.passed and opt.layer("hidden.3").status == "missing"
     # ... and so does a backend that returns fewer batches than it was given
-    assert compare_backend(ref, got[:2], names, PRESETS["float32"], "fake", "float32").status == "fail"
+    assert compare_backend(ref, got[:2], names, FIXED, "fake", "float32").status == "fail"
 
 
 def test_names_are_matched_exactly_not_by_polygraphy_substring_rules(reference):
     """Polygraphy's default matcher would compare 'hidden.1' with 'hidden.1x'."""
     cfg, ref, got = _ref_and_copy(reference)
     got = [rebuilt(it, drop="hidden.1", add={"hidden.1x": it["hidden.1"]}) for it in got]
-    res = compare_backend(ref, got, layer_order(cfg), PRESETS["float32"], "fake", "float32")
+    res = compare_backend(ref, got, layer_order(cfg), FIXED, "fake", "float32")
     assert res.layer("hidden.1").status == "fail"
 
 
@@ -243,7 +243,7 @@ def test_trained_checkpoint_passes(tmp_path):
     ort = result.backend("onnxrt")
     assert result.passed, [(lr.name, lr.error) for lr in ort.layers]
     assert len(ort.layers) == 2 * 4 + 2
-    assert max(lr.error for lr in ort.layers) < PRESETS["float32"].hidden / 10
+    assert max(lr.error for lr in ort.layers) < 1e-5
 
 
 # -- inputs and tolerances -----------------------------------------------------------------
@@ -267,17 +267,30 @@ def test_default_inputs_cover_the_conv_window_and_differ_from_export_shapes(fait
         parse_shapes("1by17")
 
 
-def test_tolerance_presets_are_ordered_and_the_graph_precision_is_a_floor():
-    assert PRESETS["float32"].hidden < PRESETS["float16"].hidden < PRESETS["bfloat16"].hidden
+def test_bounds_grow_with_the_precision_and_the_graph_precision_is_a_floor():
+    from msar_export.compare.tolerances import from_eager
+
+    bounds = [from_eager({"logits": 1e-6}, p).logits for p in ("float32", "float16", "bfloat16")]
+    assert bounds == sorted(bounds) and bounds[0] == pytest.approx(4e-6 + 128 * 2.0**-24)
     assert looser("float32", "float16") == "float16" and looser("bfloat16", "float16") == "bfloat16"
 
 
-def test_dtype_is_for_tensorrt_onnx_runtime_keeps_the_graphs_own_preset(faithful):
+def test_dtype_is_for_tensorrt_onnx_runtime_keeps_the_graphs_own_precision(faithful):
+    from msar_export.verdict import bound
+
     ckpt, onnx_path, _ = faithful
     ort = check_parity(ckpt, onnx_path, dtype="float16", tensorrt=False).backend("onnxrt")
-    assert ort.precision == "float32" and ort.tolerance == PRESETS["float32"]
+    assert ort.precision == "float32" and "eager float32 vs float64" in ort.tolerance.source
+    plain = check_parity(ckpt, onnx_path, tensorrt=False).backend("onnxrt")
+    assert ort.tolerance == plain.tolerance
+    for lr in ort.layers:  # each output's bound is the verdict model's, from eager float32's own error there
+        assert lr.eager_error is not None and lr.tolerance == bound(lr.eager_error, "float32")
+        assert lr.error <= lr.tolerance
     over = check_parity(ckpt, onnx_path, tol=1e-12, tensorrt=False)
     assert over.exit_code == 1 and over.backend("onnxrt").tolerance.source == "--tol"
+
+
+FIXED = fixed(1e-4)  # compare_backend's own tests: one bound, as --tol gives
 
 
 # -- command line, report, golden files ----------------------------------------------------

@@ -6,9 +6,9 @@ is the command line over it.  Heavy modules (torch, polygraphy) load on first us
 
 from __future__ import annotations
 
-from .tolerances import PRESETS, Tolerance
+from .tolerances import Tolerance
 
-__all__ = ["PRESETS", "Tolerance", "check_parity", "ParityResult", "BackendResult", "LayerResult", "write_report",
+__all__ = ["Tolerance", "check_parity", "ParityResult", "BackendResult", "LayerResult", "write_report",
            "print_report"]
 
 

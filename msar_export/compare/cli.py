@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import sys
 
-from .tolerances import PRECISIONS, PRESETS
+from ..verdict import MULTIPLE
+from .tolerances import PRECISIONS
 
 EPILOG = f"""\
 Exit status: 0 every backend within tolerance, 1 a mismatch (the report names the
 first bad layer), 2 bad input (missing file, not ONNX, graph from another model).
 
-The metric per output (h_1 .. h_{{L+1}}, logits) is max|backend - eager| / max|eager|
-over all batches; NaN or Inf always fails.  Presets: {', '.join(f'{k} {v.hidden:.0e}' for k, v in PRESETS.items())}
-(see docs/parity.md).  TensorRT runs when `import tensorrt` works: from --engine,
+The metric per output (h_1 .. h_{{L+1}}, logits) is max|backend - ref| / max|ref| over
+all batches, ref the eager model in float64; NaN or Inf always fails.  An output passes
+within {MULTIPLE:g}x the eager model's own error at the backend's precision plus a floor
+(msar_export.verdict; see docs/parity.md).  TensorRT runs when `import tensorrt` works: from --engine,
 or built from the graph with every hidden.{{l}} marked as an output.
 """
 
@@ -29,9 +31,10 @@ def register(subparsers) -> None:
     p.add_argument("--plugins", nargs="+", default=[], metavar="LIB.so", help="TensorRT plugin libraries to load")
     p.add_argument("--no-trt", action="store_true", help="do not run TensorRT even if it is installed")
     p.add_argument("--dtype", choices=PRECISIONS, default=None,
-                   help="precision TensorRT runs in (an engine built with --fp16: float16); picks its tolerance "
-                        "preset. Default and floor: the graph's msar.dtype, which ONNX Runtime is always held to")
-    p.add_argument("--tol", type=float, default=None, help="override the preset tolerance (same metric)")
+                   help="precision TensorRT runs in (an engine built with --fp16: float16); its bounds come from "
+                        "the eager model at that precision. Default and floor: the graph's msar.dtype, which "
+                        "ONNX Runtime is always judged at")
+    p.add_argument("--tol", type=float, default=None, help="one fixed tolerance for every output instead of the verdict bounds (same metric)")
     p.add_argument("--shapes", default=None, metavar="BxT,...",
                    help="token batch shapes (default: 1x(kmax+5),2x37,3x64 within max_seq_len)")
     p.add_argument("--seed", type=int, default=0, help="seed of the token batches")

@@ -21,9 +21,9 @@ from ..errors import InputError, MsarError
 from ..runners.common import layer_index, layer_order, output_names
 from .inputs import check_shapes, decode_batches, default_shapes, token_batches
 from .preflight import GraphInfo, check_engine_path, inspect_onnx
-from .tolerances import Tolerance, looser, preset
+from .tolerances import Tolerance, fixed, from_eager, looser
 
-REFERENCE = "eager-torch"
+REFERENCE = "eager-torch-float64"
 
 
 @dataclass
@@ -37,6 +37,7 @@ class LayerResult:
     max_abs: float | None = None  # max |backend - reference|; None when not finite or missing
     max_rel: float | None = None  # max |backend - reference| / |reference|, elementwise
     error: float | None = None  # max_abs / ref_max_abs: the metric checked against `tolerance`
+    eager_error: float | None = None  # the eager model's own error at the backend's precision, same metric
     finite: bool = True
     reason: str = ""
 
@@ -178,6 +179,19 @@ def polygraphy_verdicts(ref_iters, got_iters, backend: str, atol: dict[str, floa
     return {n: all(n in it and bool(it[n]) for it in per_iter) for n in atol}
 
 
+def output_errors(ref_iters, got_iters, names) -> dict[str, float]:
+    """{output: error} of one run against the reference, over every batch (the same metric)."""
+    scales = reference_scales(ref_iters, names)
+    out = {}
+    for n in names:
+        worst = 0.0
+        for ref_it, got_it in zip(ref_iters, got_iters):
+            got = to_f64(got_it[n])
+            worst = float("inf") if not np.isfinite(got).all() else max(worst, float(np.abs(got - to_f64(ref_it[n])).max()))
+        out[n] = worst / scales[n] if scales[n] > 0 else (0.0 if worst == 0 else float("inf"))
+    return out
+
+
 def compare_backend(ref_iters, got_iters, names, tol: Tolerance, backend: str, precision: str,
                     optional: tuple[str, ...] = (), verbose: bool = False) -> BackendResult:
     """Compare one backend's outputs with the reference's, output by output in depth order.
@@ -194,7 +208,7 @@ def compare_backend(ref_iters, got_iters, names, tol: Tolerance, backend: str, p
     atol = {n: tol.for_output(n) * scales[n] for n in present}
     verdicts = polygraphy_verdicts(ref_iters, got_iters, backend, atol, verbose) if present else {}
     for n in names:
-        lr = LayerResult(n, "pass", tol.for_output(n), scales[n])
+        lr = LayerResult(n, "pass", tol.for_output(n), scales[n], eager_error=tol.eager_error(n))
         result.layers.append(lr)
         if n not in present:
             lr.status = "missing" if n in optional else "fail"
@@ -245,9 +259,10 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
                  trust_pickle: bool = False, progress=None, verbose: bool = False) -> ParityResult:
     """Compare the ONNX graph (and a TensorRT engine) with the eager checkpoint, layer by layer.
 
-    dtype: the precision TensorRT runs in, which picks its tolerance preset (default
-    and floor: the graph's msar.dtype); ONNX Runtime runs the graph as exported and
-    is held to the preset of the graph's own precision.  tol: override every preset.
+    dtype: the precision TensorRT runs in (default and floor: the graph's msar.dtype);
+    ONNX Runtime runs the graph as exported and is judged at the graph's own precision.
+    Each output's bound is msar_export.verdict's, from the eager model's own error at
+    that precision against float64 (the reference).  tol: one fixed bound instead.
     engine: a serialised engine; without it, and with `tensorrt` true, an engine is
     built from the graph when `import tensorrt` works.  report_dir: write the JSON,
     PNG, golden files and the Polygraphy command there.  Bad input raises MsarError.
@@ -301,18 +316,36 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
     names = output_names(cfg)
     order = layer_order(cfg)
 
-    say(f"eager-torch: running {len(feeds)} batches {['%dx%d' % s for s in shapes]}")
-    ref_iters = run_runner(TorchRunner(model, name=REFERENCE, decode_cache_dtype=cache_dtype), feeds, verbose)
+    say(f"eager-torch: running {len(feeds)} batches {['%dx%d' % s for s in shapes]} in float64 and float32")
+    from ..model.precision import float64_one_sublayer_at_a_time
+
+    with float64_one_sublayer_at_a_time(model):
+        ref_iters = run_runner(TorchRunner(model, name=REFERENCE, decode_cache_dtype=cache_dtype), feeds, verbose)
+    eager_runs = {"float32": run_runner(TorchRunner(model, name="eager-torch", decode_cache_dtype=cache_dtype), feeds,
+                                        verbose)}
+
+    def tolerance_at(precision: str) -> Tolerance:
+        """--tol, or the verdict model's bound from the eager model's own error at `precision`."""
+        if tol is not None:
+            return fixed(tol)
+        if precision not in eager_runs:
+            say(f"eager-torch: running in {precision} (the bound for {precision} backends)")
+            low = load_checkpoint(checkpoint, dtype=getattr(torch, precision), trust_pickle=trust_pickle)
+            eager_runs[precision] = run_runner(TorchRunner(low, name=f"eager-torch-{precision}",
+                                                           decode_cache_dtype=cache_dtype), feeds, verbose)
+        return from_eager(output_errors(ref_iters, eager_runs[precision], names), precision)
+
     backends = []
 
-    # ONNX Runtime runs the graph exactly as exported, so its preset is the graph's own
+    # ONNX Runtime runs the graph exactly as exported, so it is judged at the graph's own
     # precision; --dtype is the precision TensorRT runs in, never stricter than the graph's.
     say(f"onnxrt: running {graph.path.name} ({graph.precision})")
     got, err, secs = run_backend(onnxrt_runner(graph.path, names, providers=providers), feeds, verbose)
-    backends.append(_backend_result("onnxrt", ref_iters, got, err, secs, order, preset(graph.precision, tol),
+    backends.append(_backend_result("onnxrt", ref_iters, got, err, secs, order, tolerance_at(graph.precision),
                                     graph.precision, (), verbose))
     trt_precision = looser(dtype or graph.precision, graph.precision)
-    backends.append(_tensorrt(graph, engine_path, plugins, trt_precision, tol, trt_skip, shapes, feeds, ref_iters,
+    trt_tol = None if trt_skip is not None else tolerance_at(trt_precision)
+    backends.append(_tensorrt(graph, engine_path, plugins, trt_precision, trt_tol, trt_skip, shapes, feeds, ref_iters,
                               order, names, say, verbose, trt_backend))
 
     from polygraphy.comparator import RunResults
@@ -354,8 +387,7 @@ def _tensorrt(graph, engine_path, plugins, precision, tol, skip, shapes, feeds, 
         runner = trt_runner_from_onnx(graph.path, names, precision, max_shape, plugins, backend=backend)
         optional = ()
     got, err, secs = run_backend(runner, feeds, verbose)
-    res = _backend_result("tensorrt", ref_iters, got, err, secs, order, preset(precision, tol), precision, optional,
-                          verbose)
+    res = _backend_result("tensorrt", ref_iters, got, err, secs, order, tol, precision, optional, verbose)
     if res.status == "pass" and any(lr.status == "missing" for lr in res.layers):
         res.reason = "logits only: the engine has no hidden.{l} outputs, so a failure could not be located"
     return res

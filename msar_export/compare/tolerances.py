@@ -1,20 +1,24 @@
-"""Tolerance presets per precision (reasoning in docs/parity.md).
+"""Tolerances of a parity check (reasoning in docs/parity.md).
 
 The metric for one output (`logits` or `hidden.{l}`) over the whole seeded
 input set is
 
     error = max |backend - reference| / max |reference|
 
-and an output passes when error <= tolerance and every value is finite.
-Polygraphy checks it as a per-output absolute tolerance,
-atol = tolerance * max |reference|, with rtol = 0 and the `max` statistic.
+with the eager model in float64 as the reference, and an output passes when
+error <= tolerance and every value is finite.  The tolerance of each output is
+msar_export.verdict's bound: a multiple of the eager model's own error at the
+backend's precision on that output, plus a floor (`from_eager`).  `--tol`
+replaces it by one fixed number (`fixed`).  Polygraphy checks it as a per-output absolute
+tolerance, atol = tolerance * max |reference|, with rtol = 0 and the `max`
+statistic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..verdict import PRECISIONS, UNIT_ROUNDOFF  # noqa: F401  (one definition, in msar_export.verdict)
+from ..verdict import FLOOR, MULTIPLE, PRECISIONS, UNIT_ROUNDOFF, bound  # noqa: F401  (one definition, in msar_export.verdict)
 
 
 @dataclass(frozen=True)
@@ -23,32 +27,43 @@ class Tolerance:
 
     hidden: float
     logits: float
-    source: str = "preset"
+    source: str = "--tol"
+    # The verdict model's bound per output, and the eager error it was made from.
+    per_output: tuple = ()  # ((name, bound), ...)
+    eager: tuple = ()  # ((name, eager error at the precision vs float64), ...)
 
     def for_output(self, name: str) -> float:
+        bounds = dict(self.per_output)
+        if name in bounds:
+            return bounds[name]
         return self.logits if name == "logits" else self.hidden
 
+    def eager_error(self, name: str) -> float | None:
+        return dict(self.eager).get(name)
+
     def to_dict(self) -> dict:
-        return {"hidden": self.hidden, "logits": self.logits, "source": self.source}
+        out = {"hidden": self.hidden, "logits": self.logits, "source": self.source}
+        if self.per_output:
+            out["per_output"] = dict(self.per_output)
+            out["eager_error"] = dict(self.eager)
+        return out
 
 
-# float32: reordered reductions only, measured <= 5e-6 (random weights, logits) and
-#          <= 2e-6 (trained); the smallest export bug the tests inject shows 1e-3.
-# float16: 20 unit roundoffs (u = 4.9e-4); trained checkpoints measure 1-2 u per layer.
-# bfloat16: the same 20 u with u = 3.9e-3.
-PRESETS: dict[str, Tolerance] = {
-    "float32": Tolerance(hidden=1e-4, logits=1e-4, source="float32 preset"),
-    "float16": Tolerance(hidden=1e-2, logits=1e-2, source="float16 preset"),
-    "bfloat16": Tolerance(hidden=8e-2, logits=8e-2, source="bfloat16 preset"),
-}
+def from_eager(eager_errors: dict[str, float], precision: str) -> Tolerance:
+    """The verdict model's tolerance: each output's bound from the eager model's own
+    error at `precision` against float64 on that output."""
+    bounds = {n: bound(e, precision) for n, e in eager_errors.items()}
+    hidden = max((b for n, b in bounds.items() if n != "logits"), default=FLOOR[precision])
+    return Tolerance(hidden=hidden, logits=bounds.get("logits", FLOOR[precision]),
+                     source=f"{MULTIPLE:g} x eager {precision} vs float64 + {FLOOR[precision]:.1e}",
+                     per_output=tuple(bounds.items()), eager=tuple(eager_errors.items()))
 
 
 def looser(a: str, b: str) -> str:
-    """The lower of two precisions (whose preset is the looser)."""
+    """The lower of two precisions (whose bounds are the looser)."""
     return max(a, b, key=PRECISIONS.index)
 
 
-def preset(precision: str, override: float | None = None) -> Tolerance:
-    if override is not None:
-        return Tolerance(hidden=override, logits=override, source="--tol")
-    return PRESETS[precision]
+def fixed(tol: float) -> Tolerance:
+    """`--tol X`: one bound for every output instead of the verdict model's."""
+    return Tolerance(hidden=tol, logits=tol, source="--tol")

@@ -59,6 +59,7 @@ def cmd_reference(a) -> int:
     import numpy as np
 
     from ..errors import InputError
+    from ..verdict import rel_err
     from .files import load_whole
     from .reference import reference_evaluator
     from .run import seeded_feeds
@@ -70,7 +71,7 @@ def cmd_reference(a) -> int:
     with np.errstate(over="ignore"):  # the reference Sigmoid overflows exp() on large logits, correctly
         ref = reference_evaluator(model).run(["logits"], feeds)[0].astype(np.float64)
     ort_out = _ort_logits(a.onnx, feeds)
-    err = float(np.abs(ort_out - ref).max() / max(np.abs(ref).max(), 1e-30))
+    err = rel_err(ort_out, ref)
     print(f"{a.onnx}: logits {list(ref.shape)} by onnx.reference.ReferenceEvaluator; "
           f"ONNX Runtime on the same file differs by max|diff|/max|ref| = {err:.2e}")
     if a.save:

@@ -98,9 +98,11 @@ class TorchRunner(BaseRunner):
             logits, _ = self.model.run(ids.to(self.device), mask, positions, cache, hidden=hidden)
         self.inference_time = time.perf_counter() - start
         out = OrderedDict()
-        out[LOGITS_NAME] = logits.float().cpu().numpy()
+        # float64 stays float64 (the reference every backend is judged against); others become float32.
+        out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        out[LOGITS_NAME] = logits.to(out_dtype).cpu().numpy()
         for l, h in enumerate(hidden, start=1):
-            out[hidden_name(l)] = h.float().cpu().numpy()
+            out[hidden_name(l)] = h.to(out_dtype).cpu().numpy()
         return out
 
     def deactivate_impl(self):
