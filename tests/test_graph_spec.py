@@ -13,7 +13,7 @@ from msar_export.graph_spec import GraphSpec, hidden_index, hidden_name
 from msar_export.runtime import OrtDecoder
 
 
-@pytest.mark.parametrize("residual", ["msar", "attnres"])
+@pytest.mark.parametrize("residual", ["msar", pytest.param("attnres", marks=pytest.mark.slow)])
 def test_exported_decode_graph_is_the_spec(tmp_path, residual):
     ckpt, cfg_dict = make_checkpoint(tmp_path / "ckpt", seed=4, residual=residual)
     path = tmp_path / "d.onnx"

@@ -314,12 +314,18 @@ def test_hostile_msar_config_metadata(tmp_path):
 
 
 def test_bad_generation_settings(tmp_path):
+    """Every setting through the library check; two through the CLI (one line, exit 2)."""
+    from msar_export.errors import InputError
+    from msar_export.model.generate import check_sampling
+
+    for temperature, top_k, want in ((1.0, 0, "top_k"), (1.0, -1, "top_k"), (float("nan"), None, "temperature"),
+                                     (0, None, "temperature"), (1.0, True, "top_k")):
+        with pytest.raises(InputError, match=want):
+            check_sampling(True, temperature, top_k)
     ckpt = REPO / "checkpoints" / "default" / "msar"
-    cases = [(["--max-new-tokens", "-1"], "max_new_tokens"), (["--sample", "--top-k", "0"], "top_k"),
-             (["--sample", "--top-k", "-1"], "top_k"), (["--sample", "--temperature", "nan"], "temperature"),
-             (["--temperature", "0"], "temperature"), (["--prompt", b"\xff\xfe"], "UTF-8")]
-    for args, want in cases:
+    for args, want in ((["--max-new-tokens", "-1"], "max_new_tokens"), (["--prompt", b"\xff\xfe"], "UTF-8")):
         assert want in one_line_exit_2(run_cli("generate", ckpt, "--max-new-tokens", "2", *args)), args
+    assert "temperature" in one_line_exit_2(run_cli("generate", ckpt, "--sample", "--temperature", "nan"))
 
 
 def test_check_shapes_bounded_and_non_empty(tmp_path):

@@ -230,7 +230,8 @@ def test_quantize_dynamic(files, ck, kind, per_channel, tmp_path):
 # -- tools that keep our files intact as they are ----------------------------------------------
 
 @pytest.mark.parametrize("ck,kind", CASES)
-@pytest.mark.parametrize("level", ["ORT_ENABLE_BASIC", pytest.param("ORT_ENABLE_EXTENDED", marks=SLOW), "ORT_ENABLE_ALL"])
+@pytest.mark.parametrize("level", [pytest.param("ORT_ENABLE_BASIC", marks=SLOW), pytest.param("ORT_ENABLE_EXTENDED", marks=SLOW),
+                                   "ORT_ENABLE_ALL"])
 def test_ort_optimized_model_saved_and_reloaded(files, ck, kind, level, tmp_path):
     path, feeds, *_ = case = files[ck, kind]
     opts = ort.SessionOptions()

@@ -90,7 +90,7 @@ SPLIT_CASES = [(97, MAIN, 1, 1, 64), (5, MAIN, 1, 3, 40), (8, [1, 2], 2, 2, 32)]
 
 
 @pytest.mark.parametrize("n,ks,B,T,d", SPLIT_CASES, ids=[f"n{c[0]}-T{c[3]}" for c in SPLIT_CASES])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.float16, marks=pytest.mark.slow)])
 def test_split_sources_merge_to_the_same_mixer(emulated, n, ks, B, T, d, dtype):
     """132 emulated SMs and a handful of tokens: source ranges in separate blocks, merged by log-sum-exp;
     the same answer as one block walking every source."""
