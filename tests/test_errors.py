@@ -270,6 +270,7 @@ def test_every_user_error_is_an_msar_error():
 
 # -- interrupted runs ----------------------------------------------------------------------
 
+@pytest.mark.slow  # a SIGKILL mid-export; atomic writes are also checked by test_hostile's litter test
 def test_killed_export_leaves_the_old_file_or_a_whole_new_one(tmp_path):
     import onnx
 

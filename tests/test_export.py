@@ -100,6 +100,7 @@ def test_single_token_prefill_with_empty_past(ckpts, exported):
     assert rel_err(got, reference_logits(cfg, load_tensors(ckpts["msar"]), ids.numpy())) <= TOL
 
 
+@pytest.mark.slow  # trained weights; decode steps vs float64 run in the default tier
 def test_greedy_generation_same_tokens_eager_and_ort(ckpts, exported):
     model = load_checkpoint(ckpts["trained"])
     prompt = torch.tensor([list(b"import os\ndef "), list(b"class Foo(obj)")])
@@ -199,6 +200,7 @@ def test_float16_export_within_documented_tolerance(ckpts, exported):
     assert rel_err(got, reference_logits(cfg, load_tensors(ckpts["trained"]), ids.numpy())) <= 1e-2
 
 
+@pytest.mark.slow  # the CLI export path runs in the default tier through test_scale's exit-1 test
 def test_cli_export_prints_summary(ckpts, tmp_path):
     out = tmp_path / "cli.onnx"
     r = subprocess.run([sys.executable, "-m", "msar_export.cli", "export", str(ckpts["attnres"]), "-o", str(out)],

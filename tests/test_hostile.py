@@ -278,6 +278,7 @@ def _with_config_text(ckpt: Path, dst: Path, text: str) -> Path:
     return dst
 
 
+@pytest.mark.slow  # every hostile JSON form through the CLI
 def test_hostile_json_in_config(ckpt, tmp_path):
     cfg = json.loads((ckpt / "config.json").read_text())
     body = json.dumps(cfg)[1:-1]

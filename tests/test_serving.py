@@ -424,6 +424,7 @@ def test_overflow_requests_never_reach_triton_and_serving_goes_on(served, triton
     assert http_get(f"{url}/v2/health/ready")[0] == 200 and served["proc"].poll() is None
 
 
+@pytest.mark.slow  # kills a backend stub and waits for the server to stop
 def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
     """Behind the front the stub cannot be killed by a request; here it is, through Triton's
     private port (the bug reproduced): the next request through the front sees the dead stub,
