@@ -8,6 +8,7 @@ Renaming a decode input is a change here and nowhere else.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,11 +112,11 @@ class GraphSpec:
         return {p.name: np.zeros([batch if a == "batch" else 0 if a == "past" else a for a in p.axes], dtype)
                 for p in self.cache_inputs}
 
+    @functools.cached_property  # read on every decode step
+    def past_of_present(self) -> dict[str, str]:
+        return {o.name: i.name for o, i in zip(self.outputs[1:], self.cache_inputs)}
+
     def next_cache(self, outputs: dict) -> dict:
         """A step's present outputs renamed to the next step's past inputs."""
-        past = {o.name: i.name for o, i in zip(self.outputs[1:], self.cache_inputs)}
+        past = self.past_of_present
         return {past[name]: value for name, value in outputs.items() if name in past}
-
-
-def decode_spec(cfg: MSARConfig) -> GraphSpec:
-    return GraphSpec(cfg, decode=True)

@@ -15,43 +15,52 @@ file another tool already rewrote. reference: run onnx's ReferenceEvaluator
 compare with ONNX Runtime."""
 
 
-def cmd_convert_opset(a) -> int:
+def _rewrite(a, transform):
+    """Load a.onnx with its weights, transform it, and write the result to a.output
+    (only if ONNX Runtime loads it; external data kept external).  Returns (input, output)."""
     from .files import load_whole, save_whole
-    from .opset import convert_opset
 
     model, external = load_whole(a.onnx)
-    out = convert_opset(model, a.opset)
+    n_in = len(model.graph.node)
+    out = transform(model)
     _check(out, a.output)
     save_whole(out, a.output, external)
+    return n_in, out
+
+
+def cmd_convert_opset(a) -> int:
+    from .opset import convert_opset
+
+    _, out = _rewrite(a, lambda m: convert_opset(m, a.opset))
     print(f"{a.output}: opset {a.opset}, {len(out.functions)} functions kept")
     return 0
 
 
 def cmd_sanitize(a) -> int:
-    from .files import load_whole, save_whole
     from .surgeon import sanitize
 
-    model, external = load_whole(a.onnx)
-    out = sanitize(model, fold_constants=not a.no_fold_constants)
-    _check(out, a.output)
-    save_whole(out, a.output, external)
-    print(f"{a.output}: {len(out.graph.node)} nodes (was {len(model.graph.node)}), {len(out.functions)} functions kept")
+    n_in, out = _rewrite(a, lambda m: sanitize(m, fold_constants=not a.no_fold_constants))
+    print(f"{a.output}: {len(out.graph.node)} nodes (was {n_in}), {len(out.functions)} functions kept")
     return 0
 
 
 def cmd_repair(a) -> int:
-    from .files import load_whole, save_whole
+    from .files import load_whole
     from .overloads import missing_functions, restore_overloads
 
-    model, external = load_whole(a.onnx)
-    fixed = restore_overloads(model)
-    if missing_functions(model) and a.functions_from:
-        source, _ = load_whole(a.functions_from)
-        have = {(f.domain, f.name, f.overload) for f in model.functions}
-        model.functions.extend(f for f in source.functions if (f.domain, f.name, f.overload) not in have)
-    _check(model, a.output)
-    save_whole(model, a.output, external)
-    print(f"{a.output}: {fixed} overloads restored, {len(model.functions)} functions")
+    fixed = 0
+
+    def repair(model):
+        nonlocal fixed
+        fixed = restore_overloads(model)
+        if missing_functions(model) and a.functions_from:
+            source, _ = load_whole(a.functions_from)
+            have = {(f.domain, f.name, f.overload) for f in model.functions}
+            model.functions.extend(f for f in source.functions if (f.domain, f.name, f.overload) not in have)
+        return model
+
+    _, out = _rewrite(a, repair)
+    print(f"{a.output}: {fixed} overloads restored, {len(out.functions)} functions")
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import OnnxModelError
 from ..fileio import check_output_file, os_errors_as_output_errors, scratch_dir_beside
-from ..onnx_file import external_data_files, inspect_onnx
+from ..onnx_file import inspect_onnx
 
 TWO_GB = 2**31
 
@@ -18,8 +18,8 @@ def load_whole(path) -> tuple[object, bool]:
     import onnx
 
     path = Path(path)
-    model = inspect_onnx(path)
-    external = bool(external_data_files(model, path))
+    model = inspect_onnx(path)  # checks every external-data location first
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     if external:
         try:
             onnx.load_external_data_for_model(model, str(path.parent))

@@ -36,12 +36,15 @@ class RMSNorm(nn.Module):
 
 
 @functools.lru_cache(maxsize=8)
-def _rotary_table64(max_positions: int, head_dim: int, theta: float) -> np.ndarray:
+def _rotary_table_np(max_positions: int, head_dim: int, theta: float, np_dtype: str) -> np.ndarray:
     j = np.arange(0, head_dim, 2, dtype=np.float64)
     angles = np.arange(max_positions, dtype=np.float64)[:, None] * theta ** (-j / head_dim)
-    table = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1)
+    table = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1).astype(np_dtype)
     table.flags.writeable = False
     return table
+
+
+_EAGER_TABLES: dict = {}
 
 
 def rotary_table(max_positions: int, head_dim: int, theta: float, dtype: torch.dtype, device) -> torch.Tensor:
@@ -52,14 +55,21 @@ def rotary_table(max_positions: int, head_dim: int, theta: float, dtype: torch.d
     positions: ONNX fp16 converters turn every float tensor into float16, and
     float16 angles are about 0.25 rad off at position 500, while a float16
     table is within 5e-4 of every cos and sin.  It also keeps int->float Cast
-    nodes out of the graph, which those converters mistype.  The cache holds
-    numpy, never a torch tensor: one made during a trace is a fake tensor."""
-    table = _rotary_table64(int(max_positions), int(head_dim), float(theta))
-    if dtype == torch.float32:  # rounded here: traced, a float64 constant would stay float64 behind a Cast
-        table = table.astype(np.float32)
-    elif dtype != torch.float64:
+    nodes out of the graph, which those converters mistype.
+
+    Eagerly the tensor is made once per (shape, dtype, device): decoding asks
+    for it at every token.  Under a trace it is made fresh and never cached,
+    since a tensor made there is a fake one."""
+    if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"rotary table in {dtype}: the rotary angles are computed in float32 or float64")
-    return torch.tensor(table, device=device)
+    # Rounded in numpy: traced, a float64 constant would stay float64 behind a Cast.
+    table = _rotary_table_np(int(max_positions), int(head_dim), float(theta), str(dtype).removeprefix("torch."))
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return torch.tensor(table, device=device)
+    key = (int(max_positions), int(head_dim), float(theta), dtype, str(device))
+    if key not in _EAGER_TABLES:
+        _EAGER_TABLES[key] = torch.tensor(table, device=device)
+    return _EAGER_TABLES[key]
 
 
 def rotary_cos_sin(position_ids: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

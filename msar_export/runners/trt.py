@@ -162,6 +162,7 @@ class TrtDecoder:
         if META_CONFIG not in props:
             raise OnnxModelError(f"{onnx_path}: no {META_CONFIG} metadata; export it with `msar-export export`")
         self.cfg = MSARConfig.from_json(props[META_CONFIG])
+        self.spec = GraphSpec(self.cfg, decode=True)
         self.cache_dtype = np.float16 if self.meta.dtype == "float16" else np.float32
         if runner is None:
             why = engine_not_run_reason(engine_path, self.meta)
@@ -171,7 +172,7 @@ class TrtDecoder:
         self.runner = runner
 
     def empty_cache(self, batch: int) -> dict:
-        return GraphSpec(self.cfg, decode=True).empty_cache(batch, self.cache_dtype)
+        return self.spec.empty_cache(batch, self.cache_dtype)
 
     def step(self, input_ids, attention_mask, position_ids, cache):
         from ..build.metadata import check_input_shapes
@@ -180,7 +181,7 @@ class TrtDecoder:
                  "position_ids": np.asarray(position_ids, np.int64), **cache}
         check_input_shapes(self.meta, {k: tuple(v.shape) for k, v in feeds.items()})  # one line, before TensorRT
         outs = {k: np.asarray(v.cpu() if hasattr(v, "cpu") else v) for k, v in self.runner.infer(feeds).items()}
-        return outs[LOGITS], GraphSpec(self.cfg, decode=True).next_cache(outs)
+        return outs[LOGITS], self.spec.next_cache(outs)
 
     def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,

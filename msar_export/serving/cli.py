@@ -109,15 +109,9 @@ def _serving_options(p) -> None:
 def cmd_triton_repo(a) -> int:
     from .repo import build_stock_repo
 
-    from ..errors import BackendUnavailable
-
-    try:
-        out = build_stock_repo(a.model, a.output, name=a.name, max_batch=a.max_batch, kind=a.kind,
-                               instances=a.instances, queue_delay_us=a.queue_delay_us, batching=not a.no_batching,
-                               plugins=a.plugins, onnx_for_engine=a.onnx, validate=not a.no_validate,
-                               force=a.force)
-    except BackendUnavailable as e:
-        raise BackendUnavailable(f"{e}; or pass --no-validate to skip the ModelConfig schema check") from None
+    out = build_stock_repo(a.model, a.output, name=a.name, max_batch=a.max_batch, kind=a.kind,
+                           instances=a.instances, queue_delay_us=a.queue_delay_us, batching=not a.no_batching,
+                           plugins=a.plugins, onnx_for_engine=a.onnx, validate=not a.no_validate, force=a.force)
     manifest = json.loads((out / "manifest.json").read_text())
     name = manifest["model"]
     text = (out / name / "config.pbtxt").read_text()

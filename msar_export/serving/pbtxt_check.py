@@ -11,6 +11,7 @@ a dict, or {"error": problem}}); exit 0 when every file is valid.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 SCHEMA = Path(__file__).with_name("triton_model_config.desc")
 
 
+@functools.lru_cache(maxsize=1)
 def model_config_class():
     """Triton's ModelConfig message class, built from the bundled descriptor
     (works with any protobuf runtime; no generated code, no tritonclient)."""
