@@ -211,8 +211,12 @@ def dequantized(quant: onnx.ModelProto):
 
 @pytest.mark.parametrize("ck,kind", CASES)
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_quantize_dynamic(files, ck, kind, per_channel, tmp_path):
+def test_quantize_dynamic(files, ck, kind, per_channel, tmp_path, monkeypatch):
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # quantize_dynamic's shape inference writes sym_shape_infer_temp.onnx and <uuid>.data
+    # into the working directory and leaves them there.
+    monkeypatch.chdir(tmp_path)
 
     path, feeds, ref64, _ = files[ck, kind]
     out = tmp_path / "q.onnx"
