@@ -79,17 +79,17 @@ def cmd_generate(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from .export import ExportOptions, export_checkpoint
+    from .export.handoff import exec_validation, print_report, validates_apart
+    from .export.exporter import ExportOptions, export_checkpoint
 
     opts = ExportOptions(decode=a.decode, decomposed=a.decomposed, dtype=a.dtype, opset=a.opset, mixer_op=a.mixer_op,
                          external_data=a.external_data)
-    report = export_checkpoint(a.checkpoint, a.output, opts, trust_pickle=a.trust_pickle, validate=not a.no_validate)
-    print(report.summary())
-    if report.validation is not None and not report.validation.passed:
-        print(f"msar-export export: validation failed ({'; '.join(report.validation.failures)}); "
-              f"{a.output} was written and kept", file=sys.stderr)
-        return 1
-    return 0
+    apart = not a.no_validate and validates_apart(a.checkpoint)  # ORT after this process's memory is gone
+    report = export_checkpoint(a.checkpoint, a.output, opts, trust_pickle=a.trust_pickle, validate=not a.no_validate,
+                               defer_validation=apart)
+    if apart:
+        exec_validation(report)
+    return print_report(report)
 
 
 class Parser(argparse.ArgumentParser):

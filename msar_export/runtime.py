@@ -9,12 +9,10 @@ import os
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .config import MSARConfig
 from .errors import OnnxModelError, first_line
 from .graph_spec import LOGITS, META_CONFIG, GraphSpec
-from .model.generate import check_token_batch, decode_loop
 
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": None}
 
@@ -71,6 +69,10 @@ class OrtModel:
         self.cfg = config_of(self.session, path)
 
     def logits(self, input_ids) -> np.ndarray:
+        import torch  # not at module level: export validation runs ORT in a process without torch
+
+        from .model.generate import check_token_batch
+
         ids = torch.as_tensor(input_ids)
         check_token_batch(ids, None, self.cfg.vocab_size, self.cfg.max_seq_len)
         return self.session.run(["logits"], {"input_ids": ids.long().numpy()})[0]
@@ -110,6 +112,10 @@ class OrtDecoder:
                  temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
                  eos_token_id: int | None = None) -> torch.Tensor:
         """Same contract as `msar_export.generate` (left-padded batches)."""
+        import torch
+
+        from .model.generate import check_token_batch, decode_loop
+
         ids = torch.as_tensor(input_ids)
         mask = None if attention_mask is None else torch.as_tensor(attention_mask)
         check_token_batch(ids, mask, self.cfg.vocab_size, self.cfg.max_seq_len, max_new_tokens)

@@ -9,7 +9,6 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx_ir as ir
@@ -25,76 +24,11 @@ from ..graph_spec import (HIDDEN, META_CHECKPOINT, META_CONFIG, META_DECOMPOSED,
                           META_MIXER_OP, GraphSpec)
 from .graphs import DecodeGraph, PrefillGraph, dynamic_shapes, example_inputs
 from .optimize import optimize_model, remove_identity_casts, separate_consumed_outputs
+from .report import DTYPE_NAMES, ExportOptions, ExportReport, peak_rss_mb  # noqa: F401  (re-exported)
 from .save import EXTERNAL_DATA_ABOVE, save_model, weight_bytes
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    decode: bool = False
-    decomposed: bool = False
-    dtype: str = "float32"
-    opset: int = 18
-    # msar prefill: "fused" = one FusedMixer node per mixer (views recomputed from
-    # raw sources inside the op: the TensorRT plugin's fast path); "retrieval" =
-    # views expanded once per source in standard ops + DepthRetrieval nodes
-    # (faster in ONNX Runtime, whose inlined function bodies cannot share work).
-    mixer_op: str = "fused"
-    # Weights in `<output>.data` beside the .onnx file; always so over protobuf's 2 GB.
-    external_data: bool = False
-
-    def __post_init__(self):
-        if self.mixer_op not in ("fused", "retrieval"):
-            raise InputError(f"--mixer-op must be fused or retrieval, got {self.mixer_op!r}")
-        if self.dtype not in DTYPES:
-            raise InputError(f"--dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-        if not 18 <= self.opset <= 23:
-            raise InputError(f"--opset {self.opset} is not supported; use 18..23")
-
-
-@dataclass
-class ExportReport:
-    path: Path
-    options: ExportOptions
-    custom_ops: dict[str, int] = field(default_factory=dict)
-    parameters: int = 0
-    file_bytes: int = 0
-    export_seconds: float = 0.0
-    peak_rss_mb: float = 0.0  # trace + save
-    validation: object | None = None
-    peak_rss_validated_mb: float | None = None  # the whole run, validation included
-    external_data: bool = False
-
-    def summary(self) -> str:
-        ops = ", ".join(f"{DOMAIN}::{k} x{v}" for k, v in sorted(self.custom_ops.items())) or "none"
-        kind = ("decode" if self.options.decode else "prefill") + (", decomposed" if self.options.decomposed else "")
-        if self.custom_ops and not self.options.decode:
-            kind += f", mixer-op {self.options.mixer_op}"
-        if self.external_data:
-            kind += f", weights in {self.path.name}.data"
-        lines = [
-            f"exported {self.path} ({kind}, {self.options.dtype}, opset {self.options.opset})",
-            f"  custom ops: {ops}",
-            f"  parameters: {self.parameters:,}   file: {self.file_bytes / 1e6:.2f} MB   "
-            f"export: {self.export_seconds:.1f} s   peak RSS: {self.peak_rss_mb:.0f} MB"
-            + ("" if self.peak_rss_validated_mb is None else f" ({self.peak_rss_validated_mb:.0f} MB with validation)"),
-        ]
-        if self.validation is not None:
-            lines.append("  " + self.validation.summary())
-        return "\n".join(lines)
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS.  VmHWM, not ru_maxrss: after fork+exec the latter
-    still holds the parent's peak, which made a child's export look huge."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration, ValueError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+assert tuple(DTYPES) == DTYPE_NAMES
 
 
 def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
@@ -238,12 +172,24 @@ def export_model(model, out: str | os.PathLike, opts: ExportOptions = ExportOpti
     return _export(lambda dtype: model.to(dtype), out, opts, source_name, validate, owns_model=False)
 
 
-def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, owns_model: bool) -> ExportReport:
-    """`load(dtype)` gives the model in `dtype` (again in float32 for validation, after the
-    file is written and the exported weights are gone: the two never live at once)."""
+def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, owns_model: bool,
+            defer_validation: bool = False) -> ExportReport:
+    """`load(dtype)` gives the model in `dtype`.  With validation the model is loaded in
+    float32, its reference logits computed (float64 and opts.dtype) and the weights
+    converted in place before tracing: nothing is reloaded for validation.
+    defer_validation: leave the ONNX Runtime run to the caller (report.reference)."""
+    from .validate import reference_logits
+
     out = check_output_file(out)  # before minutes of tracing, not after
     t0 = time.perf_counter()
-    model = load(DTYPES[opts.dtype]).eval()  # converted as read: never both precisions of every weight
+    if validate:
+        model = load(torch.float32).eval()  # converted to opts.dtype in place, one tensor at a time
+        t_ref = time.perf_counter()
+        reference = reference_logits(model, opts.dtype)
+        t0 += time.perf_counter() - t_ref  # export seconds: load, trace and save, as without validation
+    else:
+        model = load(DTYPES[opts.dtype]).eval()  # converted as read: never both precisions of every weight
+        reference = None
     cfg, n_params = model.cfg, sum(p.numel() for p in model.parameters())
     with torch.no_grad():
         onnx_model = trace_to_ir(model, opts)
@@ -269,18 +215,25 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, ow
     return_freed_memory()
     report = ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, peak_rss_mb(),
                           external_data=external)
-    if validate:
-        from .validate import validate_export
+    report.reference = reference
+    if validate and not defer_validation:
+        finish_validation(report)
+    return report
 
-        # A loader, not a model: validation frees the model before ONNX Runtime loads the file.
-        report.validation = validate_export(out, lambda: load(torch.float32).eval(), opts)  # judged against float64
-        report.peak_rss_validated_mb = peak_rss_mb()
+
+def finish_validation(report: ExportReport) -> ExportReport:
+    """ONNX Runtime on the written file against the reference computed before tracing."""
+    from .validate import validate_file
+
+    report.validation = validate_file(report.path, report.reference, report.options.decode, report.options.dtype)
+    report.peak_rss_validated_mb = max(report.peak_rss_validated_mb or 0.0, peak_rss_mb())
     return report
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, opts: ExportOptions = ExportOptions(),
-                      trust_pickle: bool = False, validate: bool = True) -> ExportReport:
+                      trust_pickle: bool = False, validate: bool = True, defer_validation: bool = False) -> ExportReport:
     def load(dtype):
         return load_checkpoint(checkpoint, dtype=dtype, trust_pickle=trust_pickle)
 
-    return _export(load, out, opts, Path(checkpoint).name, validate, owns_model=True)
+    return _export(load, out, opts, Path(checkpoint).name, validate, owns_model=True,
+                   defer_validation=defer_validation)

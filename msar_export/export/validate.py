@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import first_line
 from ..memory import return_freed_memory
@@ -73,57 +72,91 @@ def _static_checks(path: Path, res: ValidationResult) -> None:
         res.failures.append(f"shape inference: {first_line(e)}")
 
 
-def _eager_logits(model, ids: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-    """The eager model's logits with its weights in `dtype` (converted in place)."""
-    model.to(dtype)
+@dataclass
+class Reference:
+    """The eager model's logits on the validation inputs: in float64 (the reference) and at
+    the export precision.  Computed while the weights are loaded for export, so
+    validation never reloads the checkpoint; small (3 x 19 x vocab), saved as .npz to
+    cross into the process that runs ONNX Runtime (handoff.py)."""
+
+    ids: np.ndarray
+    ref64: np.ndarray
+    eager: np.ndarray
+
+    def save(self, path: Path) -> None:
+        np.savez(path, ids=self.ids, ref64=self.ref64, eager=self.eager)
+
+    @classmethod
+    def load(cls, path: Path) -> "Reference":
+        with np.load(path) as z:
+            return cls(z["ids"], z["ref64"], z["eager"])
+
+
+def reference_logits(model, dtype: str, batch: int = 3, seq: int | None = None) -> Reference | None:
+    """The reference for validating an export of `model` (its stored weights) at `dtype`;
+    leaves `model` converted in place to `dtype`.  None for bfloat16 (not run in ORT)."""
+    import torch
+
+    from .exporter import DTYPES
+
+    cfg = model.cfg
+    if dtype == "bfloat16":
+        model.to(DTYPES[dtype])
+        return None
+    seq = seq or max(19, cfg.kmax + 7)  # traced at (2, 5); cover the widest conv window
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(7))
+    with float64_one_sublayer_at_a_time(model), torch.no_grad():
+        ref64 = model(ids).numpy()  # first: float64 of the stored weights, not of rounded ones
+    model.to(DTYPES[dtype])
     with torch.no_grad():
-        return model(ids).float().numpy()
+        eager = model(ids).float().numpy()
+    return Reference(ids.numpy(), ref64, eager)
 
 
 def validate_export(path: Path, model, opts, batch: int = 3, seq: int | None = None) -> ValidationResult:
     """Check the file at `path` against `model` (the checkpoint's weights, any dtype;
     converted in place and left in the export dtype), or against `model()` when
-    it is a loader, which is freed before ONNX Runtime loads the file: ORT's logits
-    against the eager model in float64, judged by msar_export.verdict against the
-    eager model's own error at the export precision."""
-    from .exporter import DTYPES
+    it is a loader, which is freed before ONNX Runtime loads the file."""
+    import torch
 
-    res = ValidationResult()
-    _static_checks(path, res)
     if not isinstance(model, torch.nn.Module):
         model = model()
-    cfg = model.cfg
-    seq = seq or max(19, cfg.kmax + 7)  # traced at (2, 5); cover the widest conv window
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(7))
-    if opts.dtype == "bfloat16":
-        model.to(DTYPES[opts.dtype])
+    ref = reference_logits(model, opts.dtype, batch, seq)
+    del model  # the caller's loader gave the only reference: ORT's copy of the weights comes next
+    return_freed_memory()
+    return validate_file(path, ref, opts.decode, opts.dtype)
+
+
+def validate_file(path: Path, ref: Reference | None, decode: bool, dtype: str) -> ValidationResult:
+    """The checker, shape inference and ORT's logits against `ref`, judged by
+    msar_export.verdict against the eager model's own error at `dtype`.  Torch-free."""
+    res = ValidationResult()
+    _static_checks(path, res)
+    if ref is None:
         res.skipped = "ONNX Runtime's CPU provider has no bfloat16 kernels for this graph and numpy cannot feed bf16 caches"
         return res
     from ..runtime import OrtDecoder, OrtModel
 
-    with float64_one_sublayer_at_a_time(model), torch.no_grad():
-        ref64 = model(ids).numpy()  # first: float64 of the stored weights, not of rounded ones
-    eager_p = _eager_logits(model, ids, DTYPES[opts.dtype])
-    del model  # the caller's loader gave the only reference: ORT's copy of the weights comes next
-    return_freed_memory()
-    if opts.decode:
+    ids = ref.ids
+    batch, seq = ids.shape
+    if decode:
         dec = OrtDecoder(path, threads=2, low_memory=True)
         split = seq - 4  # prefill, then single-token steps
         mask = np.ones((batch, split), np.int64)
         pos = np.broadcast_to(np.arange(split), (batch, split))
-        logits, cache = dec.step(ids[:, :split].numpy(), mask, pos, dec.empty_cache(batch))
+        logits, cache = dec.step(ids[:, :split], mask, pos, dec.empty_cache(batch))
         outs = [logits]
         for t in range(split, seq):
             mask = np.ones((batch, t + 1), np.int64)
-            logits, cache = dec.step(ids[:, t : t + 1].numpy(), mask, np.full((batch, 1), t), cache)
+            logits, cache = dec.step(ids[:, t : t + 1], mask, np.full((batch, 1), t), cache)
             outs.append(logits)
         got = np.concatenate(outs, axis=1)
         res.shapes = f"prefill {batch}x{split} + {seq - split} decode steps"
     else:
-        got = OrtModel(path, threads=2, low_memory=True).session.run(["logits"], {"input_ids": ids.numpy()})[0]
+        got = OrtModel(path, threads=2, low_memory=True).session.run(["logits"], {"input_ids": ids})[0]
         res.shapes = f"input_ids {batch}x{seq}"
-    res.verdict = judge(got, eager_p, ref64, opts.dtype)
+    res.verdict = judge(got, ref.eager, ref.ref64, dtype)
     if not res.verdict.passed:
         res.failures.append(f"ORT's error against float64 {res.verdict.error:.2e} exceeds the bound "
-                            f"{res.verdict.bound:.2e} (eager {opts.dtype} is {res.verdict.eager_error:.2e} away)")
+                            f"{res.verdict.bound:.2e} (eager {dtype} is {res.verdict.eager_error:.2e} away)")
     return res
