@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 
 
+@functools.cache
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def trim_heap() -> None:
+    """Ask glibc to hand free heap pages back (no garbage collection: cheap enough to
+    call once per sublayer).  A no-op where there is no glibc."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 def return_freed_memory() -> None:
-    """Collect garbage, then ask glibc to hand free heap pages back.
+    """Collect garbage, then trim the heap.
 
     After the first large free, glibc raises its mmap threshold (up to 32 MB), so
     later weight-sized tensors come from the heap, whose free pages it keeps:
     measured, a 1.3 GB model freed before ONNX Runtime loaded its file still
-    counted in full in the process's RSS.  A no-op where there is no glibc."""
+    counted in full in the process's RSS."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim_heap()

@@ -13,7 +13,6 @@ import numpy as np
 
 from ..errors import first_line
 from ..memory import return_freed_memory
-from ..model.precision import float64_one_sublayer_at_a_time
 from ..onnx_wire import load_without_weights
 from ..verdict import Verdict, judge, rel_err  # noqa: F401  (rel_err: the one metric, re-exported)
 
@@ -97,6 +96,7 @@ def reference_logits(model, dtype: str, batch: int = 3, seq: int | None = None) 
     leaves `model` converted in place to `dtype`.  None for bfloat16 (not run in ORT)."""
     import torch
 
+    from ..model.precision import float64_one_sublayer_at_a_time
     from .exporter import DTYPES
 
     cfg = model.cfg
@@ -110,6 +110,7 @@ def reference_logits(model, dtype: str, batch: int = 3, seq: int | None = None) 
     model.to(DTYPES[dtype])
     with torch.no_grad():
         eager = model(ids).float().numpy()
+    return_freed_memory()  # the float64 sublayers' heap, before tracing adds its own
     return Reference(ids.numpy(), ref64, eager)
 
 
