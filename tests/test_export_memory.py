@@ -104,9 +104,12 @@ def test_float64_reference_one_sublayer_at_a_time_is_model_double(ckpt):
     for layer in model.layers.values():
         layer.register_forward_hook(lambda mod, a, o: seen.append(
             sum(p.numel() for p in model.layers.parameters() if p.dtype == torch.float64)))
+    storage = {k: p.data_ptr() for k, p in model.layers.named_parameters()}
     with torch.no_grad(), float64_one_sublayer_at_a_time(model):
         got = model(ids)
     assert got.dtype == torch.float64 and torch.equal(got, want)
+    # each sublayer got its own tensors back, not float32 copies of the float64 ones
+    assert {k: p.data_ptr() for k, p in model.layers.named_parameters()} == storage
     biggest = max(sum(p.numel() for p in layer.parameters()) for layer in model.layers.values())
     assert len(seen) == model.cfg.n_sublayers and max(seen) <= biggest
     after = model.state_dict()
@@ -168,3 +171,64 @@ def test_cli_external_data_and_float16(ckpt, tmp_path, capsys):
     embed = next(t for t in proto.graph.initializer if t.name == "model.embed.weight")
     assert embed.data_type == onnx.TensorProto.FLOAT16
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+
+
+def _run(args, **env):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env={**os.environ, **env})
+
+
+def test_validating_process_imports_no_torch():
+    """The process a large export's validation runs in (export/handoff.py) must stay
+    light: torch alone is ~180 MiB of RSS."""
+    code = ("import sys, msar_export, msar_export.cli, msar_export.export.handoff, msar_export.export.validate, "
+            "msar_export.runtime; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    assert _run(["-c", code]).stdout.strip() == "[]"
+    # the control: the exporter does import it
+    assert "'torch'" in _run(["-c", code.replace("msar_export.runtime;", "msar_export.export.exporter;")]).stdout
+
+
+def test_validation_apart_reports_as_in_process(ckpt, tmp_path, capsys):
+    """A checkpoint over handoff.APART_ABOVE (here: any) is validated by an exec'd process:
+    the same file, the same numbers, the same report, exit 0."""
+    from msar_export import cli
+    from msar_export.export.handoff import APART_ENV
+
+    assert cli.main(["export", str(ckpt), "-o", str(tmp_path / "a.onnx")]) == 0
+    here = capsys.readouterr().out
+    r = _run(["-m", "msar_export.cli", "export", str(ckpt), "-o", str(tmp_path / "b.onnx")], **{APART_ENV: "0"})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    line = [ln for ln in here.splitlines() if "validation:" in ln]
+    assert line and line == [ln for ln in r.stdout.splitlines() if "validation:" in ln], (here, r.stdout)
+    assert "MB with validation" in r.stdout and not list(tmp_path.glob("msar-validate-*"))
+
+
+def test_validation_apart_fails_with_exit_1_and_one_line(ckpt, tmp_path, monkeypatch):
+    """The validating process judges the file against the reference it is handed: a file
+    exported from a faulty model fails (exit 1, one line, the file kept); the control,
+    the same state with the true file, passes."""
+    import msar_export.export.validate as validate
+    from msar_export.export.handoff import validation_command, write_state
+
+    good = export_checkpoint(ckpt, tmp_path / "good.onnx", ExportOptions(), defer_validation=True)
+    real = validate.reference_logits
+
+    def reference_then_fault(model, dtype, *a, **k):
+        ref = real(model, dtype, *a, **k)
+        with torch.no_grad():
+            model.final_norm.weight.mul_(1.02)  # exported, not in the reference
+        return ref
+
+    monkeypatch.setattr(validate, "reference_logits", reference_then_fault)
+    bad = export_checkpoint(ckpt, tmp_path / "bad.onnx", ExportOptions(), defer_validation=True)
+    assert good.validation is None and bad.validation is None
+    r = _run(validation_command(write_state(bad))[1:])
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(err) == 1 and "written and kept" in err[0], r.stderr
+    assert "validation: FAIL" in r.stdout and (tmp_path / "bad.onnx").is_file()
+    r = _run(validation_command(write_state(good))[1:])
+    assert r.returncode == 0 and "validation: PASS" in r.stdout, r.stdout + r.stderr

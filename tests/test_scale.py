@@ -85,20 +85,22 @@ def test_deep_export_passes_and_a_two_percent_tap_fault_fails(deep_ckpt, tmp_pat
 
 def test_cli_export_exits_1_on_failed_validation_and_keeps_the_file(tmp_path, monkeypatch, capsys):
     ckpt = make_checkpoint(tmp_path / "small", seed=2, n_blocks=2)[0]
-    import msar_export.export.exporter as exporter
+    import msar_export.export.validate as validate
 
-    calls = []
+    real, calls = validate.reference_logits, []
 
-    def load(path, dtype=torch.float32, trust_pickle=False):
-        calls.append(path)  # first call: the model to export (faulty), second: validation's reference
-        return _faulty(path, 2) if len(calls) == 1 else load_checkpoint(path, dtype=dtype)
+    def reference_then_fault(model, dtype, *a, **k):
+        # the reference from the checkpoint's weights, then the model exported faulty
+        calls.append(real(model, dtype, *a, **k))
+        model.load_state_dict(_faulty(ckpt, 2).state_dict())
+        return calls[-1]
 
-    monkeypatch.setattr(exporter, "load_checkpoint", load)
+    monkeypatch.setattr(validate, "reference_logits", reference_then_fault)
     out = tmp_path / "m.onnx"
     assert cli.main(["export", str(ckpt), "-o", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "validation failed" in err[0] and "written and kept" in err[0], err
-    assert out.is_file() and len(calls) == 2
+    assert out.is_file() and len(calls) == 1
 
-    monkeypatch.setattr(exporter, "load_checkpoint", load_checkpoint)
+    monkeypatch.setattr(validate, "reference_logits", real)
     assert cli.main(["export", str(ckpt), "-o", str(out)]) == 0

@@ -44,6 +44,18 @@ def validates_apart(checkpoint: str | os.PathLike) -> bool:
 
 def exec_validation(report: ExportReport) -> None:
     """Replace this process by the validating one; does not return."""
+    state = write_state(report)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, validation_command(state))
+
+
+def validation_command(state: Path) -> list[str]:
+    return [sys.executable, "-m", "msar_export.export.handoff", str(state)]
+
+
+def write_state(report: ExportReport) -> Path:
+    """The report and its reference, in a folder the validating process removes."""
     tmp = Path(tempfile.mkdtemp(prefix="msar-validate-"))
     state = dataclasses.asdict(dataclasses.replace(report, validation=None, reference=None))
     state.update(path=str(report.path), options=dataclasses.asdict(report.options),
@@ -52,9 +64,7 @@ def exec_validation(report: ExportReport) -> None:
         report.reference.save(tmp / "reference.npz")
         state["reference"] = str(tmp / "reference.npz")
     (tmp / "state.json").write_text(json.dumps(state))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "msar_export.export.handoff", str(tmp / "state.json")])
+    return tmp / "state.json"
 
 
 def _validate(state_path: Path) -> int:
