@@ -232,3 +232,14 @@ def test_validation_apart_fails_with_exit_1_and_one_line(ckpt, tmp_path, monkeyp
     assert "validation: FAIL" in r.stdout and (tmp_path / "bad.onnx").is_file()
     r = _run(validation_command(write_state(good))[1:])
     assert r.returncode == 0 and "validation: PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_low_memory_session_computes_the_same_logits(inline_and_external):
+    """Validation's session (no pre-packing, no constant folding) against ORT's default:
+    bit-identical logits, so the verdict is the same; the control, a changed input, differs."""
+    inline, _ = inline_and_external
+    ids = (np.arange(57, dtype=np.int64).reshape(3, 19) * 7) % 61
+    lean = OrtModel(inline.path, threads=2, low_memory=True).session.run(["logits"], {"input_ids": ids})[0]
+    full = OrtModel(inline.path, threads=2).session
+    assert np.array_equal(lean, full.run(["logits"], {"input_ids": ids})[0])
+    assert not np.array_equal(lean, full.run(["logits"], {"input_ids": (ids + 1) % 61})[0])
