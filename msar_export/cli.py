@@ -85,6 +85,10 @@ def cmd_export(a) -> int:
     opts = ExportOptions(decode=a.decode, decomposed=a.decomposed, dtype=a.dtype, opset=a.opset, mixer_op=a.mixer_op,
                          external_data=a.external_data)
     apart = not a.no_validate and validates_apart(a.checkpoint)  # ORT after this process's memory is gone
+    if apart:
+        from .memory import map_large_buffers
+
+        map_large_buffers()
     report = export_checkpoint(a.checkpoint, a.output, opts, trust_pickle=a.trust_pickle, validate=not a.no_validate,
                                defer_validation=apart)
     if apart:

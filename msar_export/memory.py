@@ -32,3 +32,17 @@ def return_freed_memory() -> None:
     counted in full in the process's RSS."""
     gc.collect()
     trim_heap()
+
+
+MMAP_THRESHOLD = 2**20
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def map_large_buffers() -> None:
+    """From now on, glibc serves buffers of 1 MiB and more with their own mappings,
+    returned to the system when freed (its default threshold rises to 32 MB after the
+    first large free, and freed heap below it stays resident).  For a process that
+    exists to export or validate one large model (the CLI), not for library callers."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)

@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..memory import MMAP_THRESHOLD
 from .report import ExportOptions, ExportReport, peak_rss_mb
 
 # Checkpoint bytes above which the ORT run happens apart; the environment variable
@@ -56,7 +57,7 @@ def validation_env() -> dict:
     drops the float16 ones, and with glibc's default (a threshold that rises to 32 MB)
     the freed heap stayed resident: peak 1870-2180 MiB over runs for the 318 M model's
     float16 file, 1782 MiB every run with this.  The caller's own setting wins."""
-    return {"MALLOC_MMAP_THRESHOLD_": str(2**20), **os.environ}
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), **os.environ}
 
 
 def validation_command(state: Path) -> list[str]:
