@@ -2,16 +2,17 @@
 
 After trace + save the exporting process still holds ~550 MiB that no del can
 give back at 318 M parameters (the onnx / onnxruntime / onnxscript / torch.onnx
-modules, and what torch.export leaves behind), and ONNX Runtime then needs about
-1.45x the weights to load and run the file: 1.72-1.78x of the checkpoint for the
-whole run, over issue 12's 1.5x.  So `msar-export export` on a large checkpoint
+modules, and what torch.export leaves behind), and ONNX Runtime then needed about
+1.5x the weights to load and run the file (1.2x without constant folding): 1.72-1.78x
+of the checkpoint for the whole run, over issue 12's 1.5x.  So `msar-export export` on a large checkpoint
 computes the eager reference before tracing (validate.reference_logits), saves
 it (a few MB), and replaces itself (exec: same process id, same stdout/stderr, one
 process at any time, so its RSS is the run's) with `python -m
 msar_export.export.handoff STATE`, which imports neither torch nor the exporter,
 runs validate.validate_file, prints the report and exits as the CLI would.
-Small checkpoints validate in-process: a second interpreter costs ~1 s, which
-the test suite's many small exports should not pay.
+Small checkpoints validate in-process: the exec'd interpreter cost ~3 s more on
+a 2-block model (11.4 vs 7.6 s), which the test suite's many small exports
+should not pay.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class ExportReport:
     parameters: int = 0
     file_bytes: int = 0
     export_seconds: float = 0.0
-    peak_rss_mb: float = 0.0  # trace + save
+    peak_rss_mb: float = 0.0  # load, reference (when validating), trace + save
     validation: object | None = None
     peak_rss_validated_mb: float | None = None  # the whole run, validation included
     external_data: bool = False
