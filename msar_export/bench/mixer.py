@@ -38,7 +38,7 @@ def fused_mixer_model(n: int, d: int, eps: float = 1e-6, opset: int = 18) -> ir.
 
 def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), threads: int = 2,
                     repeats: int = 5, log=print) -> dict:
-    import onnxruntime as ort
+    from ..runners.ort_runner import open_session
 
     torch.set_num_threads(threads)
     bw = copy_bandwidth_gbs()
@@ -59,10 +59,8 @@ def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), t
                         return stream_fusion(depth_retrieval(q, V, rms_normalize(V, 1e-6)), W, b, a)
 
                 conv = torch.stack([torch.cat([c.weight[:, 0] for c in e.conv.values()], 1) for e in expansions])
-                so = ort.SessionOptions()
-                so.intra_op_num_threads, so.log_severity_level = threads, 3
                 proto = ir.serde.serialize_model(fused_mixer_model(n, d))
-                sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+                sess = open_session(proto.SerializeToString(), providers=["cpu"], threads=threads)
                 feeds = {"query": q.numpy(), "gate_weight": W.numpy(), "gate_bias": b.numpy(),
                          "gate_scale": a.numpy(), "conv_weight": conv.detach().numpy(),
                          **{f"x{i}": x.numpy() for i, x in enumerate(xs)}}

@@ -91,9 +91,8 @@ def ort_backends(model, kind: str, workdir: Path, threads: int, log) -> tuple[li
         t0 = time.perf_counter()
         export_model(model, path, opts, validate=False)
         exports[name] = {"seconds": round(time.perf_counter() - t0, 2), "mb": round(path.stat().st_size / 1e6, 2)}
-        sess = OrtModel(path, threads=threads).session
-        backends.append(Backend(name, lambda ids, s=sess: s.run(["logits"], {"input_ids": ids.numpy()})[0],
-                                onnx=str(path)))
+        ort = OrtModel(path, threads=threads).ort
+        backends.append(Backend(name, lambda ids, g=ort: g.logits(ids.numpy()), onnx=str(path)))
         log(f"  exported {kind}/{name} in {exports[name]['seconds']} s")
     dec_path = workdir / f"{kind}-decode.onnx"
     export_model(model, dec_path, ExportOptions(decode=True, decomposed=kind == "standard"), validate=False)
@@ -151,7 +150,7 @@ def memory_probe(backend: str, path: str, shape) -> dict:
                 f"m=load_checkpoint({path!r});\nwith torch.inference_mode(): m(torch.zeros({B},{T},dtype=torch.long))")
     else:
         code = (f"import numpy as np; from msar_export.runtime import OrtModel; "
-                f"OrtModel({path!r}, threads=2).session.run(['logits'], {{'input_ids': np.zeros(({B},{T}), np.int64)}})")
+                f"OrtModel({path!r}, threads=2).ort.logits(np.zeros(({B},{T}), np.int64))")
     # The child reports its own VmHWM: wait4's ru_maxrss keeps the forking parent's peak.
     code += "\nfrom msar_export.export.exporter import peak_rss_mb; print('PEAK', peak_rss_mb())"
     r = python_probe(code)

@@ -14,15 +14,13 @@ plugin_namespace attributes), which is what `--plugins` asks for.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import OnnxModelError
 from ..export.contracts import DOMAIN
-from ..graph_spec import META_CONFIG, META_DTYPE, META_GRAPH
-from ..onnx_file import inspect_onnx
+from ..graph_file import ExportedGraph
 
 
 @dataclass
@@ -37,21 +35,17 @@ class OnnxInfo:
 
 
 def read_onnx(path: str | os.PathLike) -> OnnxInfo:
-    path = Path(path)
-    model = inspect_onnx(path)  # OnnxModelError for a missing, empty, truncated or non-ONNX file
-    meta = {p.key: p.value for p in model.metadata_props}
+    # Weights included: the TensorRT parser gets the bytes (OnnxModelError for a missing, empty,
+    # truncated or non-ONNX file, or external data outside the model's folder).
+    graph = ExportedGraph.open(path, weights=True)
     max_seq_len = 512
-    if META_CONFIG in meta:
-        try:
-            max_seq_len = int(json.loads(meta[META_CONFIG]).get("max_seq_len", max_seq_len))
-        except (ValueError, TypeError, AttributeError, RecursionError):
-            pass
+    try:
+        max_seq_len = graph.config.max_seq_len if graph.has_config else max_seq_len
+    except OnnxModelError:
+        pass
 
-    initializers = {t.name for t in model.graph.initializer}
     inputs = []
-    for v in model.graph.input:
-        if v.name in initializers:
-            continue
+    for v in graph.inputs:
         dims = []
         for i, d in enumerate(v.type.tensor_type.shape.dim):
             if d.HasField("dim_value"):
@@ -62,14 +56,5 @@ def read_onnx(path: str | os.PathLike) -> OnnxInfo:
                 raise OnnxModelError(f"input {v.name!r} has an unnamed dynamic dimension (axis {i}); "
                                      "re-export the model with msar-export")
         inputs.append((v.name, dims))
-
-    custom = {}
-    for node in model.graph.node:
-        if node.domain == DOMAIN:
-            custom[node.op_type] = custom.get(node.op_type, 0) + 1
-    kept = [f for f in model.functions if f.domain != DOMAIN]
-    del model.functions[:]
-    model.functions.extend(kept)
-
-    return OnnxInfo(path=path, inputs=inputs, graph=meta.get(META_GRAPH, "prefill"), dtype=meta.get(META_DTYPE),
-                    max_seq_len=max_seq_len, custom_ops=custom, parser_bytes=model.SerializeToString())
+    return OnnxInfo(path=graph.path, inputs=inputs, graph=graph.kind, dtype=graph.precision, max_seq_len=max_seq_len,
+                    custom_ops=graph.custom_ops, parser_bytes=graph.model_bytes(drop_function_domain=DOMAIN))

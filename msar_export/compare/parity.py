@@ -340,7 +340,8 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
     # ONNX Runtime runs the graph exactly as exported, so it is judged at the graph's own
     # precision; --dtype is the precision TensorRT runs in, never stricter than the graph's.
     say(f"onnxrt: running {graph.path.name} ({graph.precision})")
-    got, err, secs = run_backend(onnxrt_runner(graph.path, names, providers=providers), feeds, verbose)
+    got, err, secs = run_backend(onnxrt_runner(graph.exported or graph.path, names, providers=providers), feeds,
+                                 verbose)
     backends.append(_backend_result("onnxrt", ref_iters, got, err, secs, order, tolerance_at(graph.precision),
                                     graph.precision, (), verbose))
     trt_precision = looser(dtype or graph.precision, graph.precision)

@@ -120,7 +120,7 @@ def validate_export(path: Path, model, opts, batch: int = 3, seq: int | None = N
         got = np.concatenate(outs, axis=1)
         res.shapes = f"prefill {batch}x{split} + {seq - split} decode steps"
     else:
-        got = OrtModel(path, threads=2, low_memory=True).session.run(["logits"], {"input_ids": ids.numpy()})[0]
+        got = OrtModel(path, threads=2, low_memory=True).ort.logits(ids.numpy())
         res.shapes = f"input_ids {batch}x{seq}"
     res.verdict = judge(got, eager_p, ref64, opts.dtype)
     if not res.verdict.passed:

@@ -5,15 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import MSARConfig
-from ..errors import OnnxModelError
-from ..graph_spec import META_CONFIG
+from ..graph_file import ExportedGraph
 
 
 def config_of_model(model) -> MSARConfig:
-    meta = {p.key: p.value for p in model.metadata_props}
-    if META_CONFIG not in meta:
-        raise OnnxModelError("no msar.config metadata; export the file with `msar-export export`")
-    return MSARConfig.from_json(meta[META_CONFIG])
+    """The config in a loaded model's msar.config metadata (ExportedGraph reads it)."""
+    return ExportedGraph.from_proto(model).config
 
 
 def seeded_feeds(model, batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BackendUnavailable, InputError
-from ..graph_spec import LOGITS, META_CONFIG, GraphSpec
+from ..graph_spec import LOGITS, GraphSpec
 
 
 def tensorrt_unavailable() -> str | None:
@@ -145,11 +145,9 @@ class TrtDecoder:
     runner interface (context manager + infer(feed_dict)); default a TrtRunner."""
 
     def __init__(self, engine_path, onnx_path, plugins=(), runner=None):
-        import onnx
-
         from ..build.metadata import verify_engine_metadata
-        from ..config import MSARConfig
-        from ..errors import EngineError, OnnxModelError
+        from ..errors import EngineError
+        from ..graph_file import ExportedGraph
 
         self.meta = verify_engine_metadata(engine_path, onnx_path, check_plugin_paths(plugins))
         if self.meta.builder.get("graph") != "decode":
@@ -158,10 +156,7 @@ class TrtDecoder:
         if self.meta.dtype not in ("float32", "float16"):
             raise EngineError(f"{Path(engine_path).name} is {self.meta.dtype}: its cache cannot be fed from numpy; "
                               "build the float32 or float16 decode graph")
-        props = {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
-        if META_CONFIG not in props:
-            raise OnnxModelError(f"{onnx_path}: no {META_CONFIG} metadata; export it with `msar-export export`")
-        self.cfg = MSARConfig.from_json(props[META_CONFIG])
+        self.cfg = ExportedGraph.open(onnx_path).config
         self.spec = GraphSpec(self.cfg, decode=True)
         self.cache_dtype = np.float16 if self.meta.dtype == "float16" else np.float32
         if runner is None:

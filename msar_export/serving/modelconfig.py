@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MsarError, OnnxModelError
+from ..graph_file import ExportedGraph
 
 # onnx.TensorProto.DataType -> Triton data type
 ONNX_TO_TRITON = {
@@ -43,6 +44,8 @@ class GraphIO:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     metadata: dict
+    files: dict = field(default_factory=dict)  # {location: real path} of the checked external-data files
+    kind: str = "prefill"  # ExportedGraph.kind
 
     def batch_symbol(self):
         """The symbol every input and output has as its first dim, or None: only then can
@@ -56,19 +59,10 @@ class GraphIO:
 
 
 def read_onnx_io(path: str | os.PathLike) -> GraphIO:
-    """Inputs / outputs (names, element types, dims) of an ONNX file, without loading its weights."""
-    import onnx
-
-    path = Path(path)
-    if not path.is_file():
-        raise OnnxModelError(f"{path}: no such file")
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # DecodeError, or onnx's own ValidationError for garbage
-        raise OnnxModelError(f"{path}: not an ONNX model ({type(e).__name__}); give a file from `msar-export export`") from None
-    if not proto.graph.output:
-        raise OnnxModelError(f"{path}: not an ONNX model (no graph outputs); give a file from `msar-export export`")
-    inits = {t.name for t in proto.graph.initializer}
+    """Inputs / outputs (names, element types, dims) of an ONNX file, without loading its weights;
+    its external-data files checked (they stay inside the model's folder) and listed."""
+    graph = ExportedGraph.open(path)
+    path = graph.path
 
     def spec(v) -> TensorSpec:
         tt = v.type.tensor_type
@@ -80,9 +74,9 @@ def read_onnx_io(path: str | os.PathLike) -> GraphIO:
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)
         return TensorSpec(v.name, ONNX_TO_TRITON[tt.elem_type], dims)
 
-    ins = tuple(spec(v) for v in proto.graph.input if v.name not in inits)
-    outs = tuple(spec(v) for v in proto.graph.output)
-    return GraphIO(ins, outs, {p.key: p.value for p in proto.metadata_props})
+    ins = tuple(spec(v) for v in graph.inputs)
+    outs = tuple(spec(v) for v in graph.outputs)
+    return GraphIO(ins, outs, graph.metadata, graph.external_files, graph.kind)
 
 
 def triton_dims(spec: TensorSpec, batched: bool) -> list[int]:

@@ -1,9 +1,10 @@
 """Triton Python-backend model over an exported msar ONNX graph, run in ONNX Runtime.
 
 `msar-export serve` copies this file into the model repository as
-`<model>/1/model.py`.  It is self-contained on purpose (numpy and onnxruntime
-only, no msar_export import), so a repository runs on any Triton whose Python
-environment has those two packages.
+`<model>/1/model.py`, and beside it `ort_runner.py`, the one ONNX Runtime runner
+(msar_export/runners/ort_runner.py), which opens the session and runs the graph.
+Both need numpy and onnxruntime only (no msar_export import), so a repository
+runs on any Triton whose Python environment has those two packages.
 
 Two kinds, picked by the config parameter `msar_model`:
 
@@ -27,8 +28,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
+
+try:  # msar_export.serving.triton_model: tests, reuse outside Triton
+    from ..runners.ort_runner import OrtGraph
+except ImportError:  # Triton's stub (it imports "<version>.model"): ort_runner.py lies beside this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ort_runner import OrtGraph
 
 try:  # only inside Triton's Python backend stub
     import triton_python_backend_utils as pb_utils
@@ -40,39 +48,24 @@ class RequestError(ValueError):
     """The request is malformed: answered with an error response, never raised to Triton."""
 
 
-ORT_TO_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
-
-
 class MsarOnnx:
     """One ONNX Runtime session over a prefill or decode graph (no Triton here)."""
 
     def __init__(self, path: str, threads: int = 1):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(1, int(threads))
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
-        # Several stub processes share few cores: no busy-waiting threads.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        # Several stub processes share few cores: CPU only, no busy-waiting threads.
+        self.graph = OrtGraph(path, providers=["cpu"], threads=max(1, int(threads)), spinning=False, label=path)
+        self.session = self.graph.session
         meta = self.session.get_modelmeta().custom_metadata_map
         if "msar.config" not in meta:
             raise ValueError(f"{path}: no msar.config metadata; export it with `msar-export export`")
         self.cfg = json.loads(meta["msar.config"])
         self.vocab_size = int(self.cfg["vocab_size"])
         self.max_seq_len = int(self.cfg["max_seq_len"])
-        self.inputs = {i.name: i for i in self.session.get_inputs()}
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        self.is_decode = "attention_mask" in self.inputs
-        # This file runs alone in Triton's stub (no msar_export package there), so it does
-        # not import graph_spec: the graph lists its caches after input_ids, attention_mask,
-        # position_ids, and their next values after logits, in the same order.
-        past = list(self.inputs)[3:] if self.is_decode else []
-        self.next_cache_names = dict(zip(self.output_names[1:], past))
-        self.cache_specs = [(n, self.inputs[n].shape, ORT_TO_NP.get(self.inputs[n].type)) for n in past]
+        self.is_decode = self.graph.is_decode
+        self.cache_specs = self.graph.cache_specs
         if any(dt is None for _, _, dt in self.cache_specs):
             raise ValueError(f"{path}: cache dtype cannot be fed from numpy; serve a float32 or float16 export")
+        self.empty_cache, self.step = self.graph.empty_cache, self.graph.step
 
     # -- validation -----------------------------------------------------------
     def check_ids(self, ids: np.ndarray, new_tokens: int = 0) -> None:
@@ -92,30 +85,13 @@ class MsarOnnx:
             raise RequestError(f"{what} exceeds max_seq_len={self.max_seq_len}")
 
     # -- graph runs -------------------------------------------------------------
-    def empty_cache(self, batch: int) -> dict:
-        feeds = {}
-        for name, shape, dtype in self.cache_specs:
-            # batch is the symbolic dim called 'batch'; 'past' is 0; fixed dims stay.
-            dims = [batch if d == "batch" else (d if isinstance(d, int) else 0) for d in shape]
-            feeds[name] = np.zeros(dims, dtype)
-        return feeds
-
-    def step(self, ids, mask, positions, cache):
-        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **cache}
-        outs = dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
-        return outs["logits"], {self.next_cache_names[n]: v for n, v in outs.items() if n in self.next_cache_names}
-
     def logits(self, rows: list[np.ndarray]) -> np.ndarray:
         """Right-padded batch of 1-D rows -> logits [n, maxT, vocab]."""
         T = max(len(r) for r in rows)
         ids = np.zeros((len(rows), T), np.int64)
         for i, r in enumerate(rows):
             ids[i, :len(r)] = r
-        if not self.is_decode:
-            return self.session.run(["logits"], {"input_ids": ids})[0]
-        mask = np.ones_like(ids)
-        pos = np.broadcast_to(np.arange(T, dtype=np.int64), ids.shape).copy()
-        return self.step(ids, mask, pos, self.empty_cache(len(rows)))[0]
+        return self.graph.logits(ids)
 
     def prefill(self, rows: list[np.ndarray]):
         """Left-padded prefill of 1-D rows -> (last-position logits [n, vocab] float32, mask [n, T], cache)."""
