@@ -163,6 +163,33 @@ def test_batched_model_logic_matches_batch1_ort(graphs, refs):
         assert rel_err(out, ref_logits.logits(ids)) <= 1e-4
 
 
+STANDALONE = """
+import importlib, sys
+for name in ("msar_export", "torch", "polygraphy"):  # what Triton's Python environment lacks
+    sys.modules[name] = None
+sys.path[:0] = [sys.argv[1]]
+model = importlib.import_module("1.model")  # as Triton's stub imports it
+import numpy as np
+m = model.MsarOnnx(sys.argv[2])
+out = m.generate([[np.arange(1, 6)]], [[4]])[0][0]
+print(type(m.graph).__module__, " ".join(map(str, out)))
+"""
+
+
+def test_served_model_runs_on_the_copied_runner_without_msar_export(graphs, refs, tmp_path):
+    """The repository's model.py runs the one ONNX Runtime runner, copied beside it, where
+    neither msar_export nor torch can be imported (Triton's Python environment)."""
+    repo, _ = build_serving_repo(None, graphs["decode"], tmp_path / "repo", validate=False)
+    version = repo / "generate" / "1"
+    assert (version / "ort_runner.py").read_bytes() == (REPO / "msar_export" / "runners" / "ort_runner.py").read_bytes()
+    r = subprocess.run([sys.executable, "-c", STANDALONE, str(version.parent), str(version / "model.onnx")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
+    assert r.returncode == 0, r.stderr[-2000:]
+    module, *tokens = r.stdout.split()
+    want = refs[1].generate(torch.arange(1, 6)[None], max_new_tokens=4)[0, 5:].tolist()
+    assert module == "ort_runner" and [int(t) for t in tokens] == want
+
+
 def test_triton_repo_on_non_onnx_file_exits_2_with_one_line(tmp_path):
     for name, data in (("model.onnx", b"this is not a protobuf\n"), ("notes.txt", b"hello\n")):
         bad = tmp_path / name

@@ -14,6 +14,7 @@ plugin_namespace attributes), which is what `--plugins` asks for.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 from ..errors import OnnxModelError
 from ..export.contracts import DOMAIN
 from ..graph_file import ExportedGraph
+from ..graph_spec import META_CONFIG
 
 
 @dataclass
@@ -38,10 +40,10 @@ def read_onnx(path: str | os.PathLike) -> OnnxInfo:
     # Weights included: the TensorRT parser gets the bytes (OnnxModelError for a missing, empty,
     # truncated or non-ONNX file, or external data outside the model's folder).
     graph = ExportedGraph.open(path, weights=True)
-    max_seq_len = 512
+    max_seq_len = 512  # the profile's default; msar.config is read leniently (only this field is needed)
     try:
-        max_seq_len = graph.config.max_seq_len if graph.has_config else max_seq_len
-    except OnnxModelError:
+        max_seq_len = int(json.loads(graph.metadata.get(META_CONFIG, "{}")).get("max_seq_len", max_seq_len))
+    except (ValueError, TypeError, AttributeError, RecursionError):
         pass
 
     inputs = []
