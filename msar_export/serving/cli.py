@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..graph_spec import META_CONFIG, META_GRAPH
 
 SERVE_EPILOG = """\
 SRC is a checkpoint directory (both graphs are exported first, into --workdir, and
@@ -138,14 +137,11 @@ def resolve_sources(srcs: list[str], workdir: Path | None, trust_pickle: bool = 
         return (*export_for_serving(ckpt, workdir, trust_pickle, progress), workdir)
     if len(paths) > 2 or any(p.is_dir() for p in paths):
         raise InputError("give one checkpoint directory, or one or two ONNX files (prefill and/or decode graph)")
-    from .modelconfig import read_onnx_io
+    from ..graph_file import ExportedGraph
 
     prefill = decode = None
     for p in paths:
-        io = read_onnx_io(p)
-        graph = io.metadata.get(META_GRAPH) or ("decode" if any(t.name == "attention_mask" for t in io.inputs)
-                                                  else "prefill")
-        if graph == "decode":
+        if ExportedGraph.open(p).kind == "decode":
             if decode:
                 raise InputError(f"two decode graphs given ({decode}, {p}); give at most one of each kind")
             decode = str(p)
@@ -213,10 +209,9 @@ def cmd_serve(a) -> int:
                                        batching=not a.no_batching, instances=a.instances, threads=a.threads,
                                        queue_delay_us=a.queue_delay_us)
     _say(f"model repository {repo} ({'written' if rebuilt else 'unchanged, reused'}; configs validated)")
-    from ..config import MSARConfig
-    from .modelconfig import read_onnx_io
+    from ..graph_file import ExportedGraph
 
-    cfg = MSARConfig.from_json(read_onnx_io(prefill or decode).metadata[META_CONFIG], "msar.config metadata")
+    cfg = ExportedGraph.open(prefill or decode).config
     # The largest input a request may carry: input_ids of max_batch rows of max_seq_len tokens.
     server = TritonServer(repo, a.port_http, a.port_grpc, log_path=workdir / "tritonserver.log", verbose=a.verbose,
                           max_elements=a.max_batch * cfg.max_seq_len)

@@ -46,6 +46,7 @@ class GraphIO:
     metadata: dict
     files: dict = field(default_factory=dict)  # {location: real path} of the checked external-data files
     kind: str = "prefill"  # ExportedGraph.kind
+    graph: ExportedGraph | None = None  # the file as opened (its .config: msar.config, checked)
 
     def batch_symbol(self):
         """The symbol every input and output has as its first dim, or None: only then can
@@ -76,7 +77,7 @@ def read_onnx_io(path: str | os.PathLike) -> GraphIO:
 
     ins = tuple(spec(v) for v in graph.inputs)
     outs = tuple(spec(v) for v in graph.outputs)
-    return GraphIO(ins, outs, graph.metadata, graph.external_files, graph.kind)
+    return GraphIO(ins, outs, graph.metadata, graph.external_files, graph.kind, graph)
 
 
 def triton_dims(spec: TensorSpec, batched: bool) -> list[int]:

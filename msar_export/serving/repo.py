@@ -19,10 +19,8 @@ import re
 import shutil
 from pathlib import Path
 
-from ..config import MSARConfig
-from ..errors import EngineError, InputError, MsarError, OnnxModelError, OutputError, first_line
+from ..errors import EngineError, InputError, OnnxModelError, OutputError, first_line
 from ..fileio import atomic_dir, check_output_dir, file_sha256
-from ..graph_spec import META_CONFIG
 from ..untrusted import contained
 from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
 from .readme import readme_serving, readme_stock
@@ -246,7 +244,7 @@ def serving_configs(prefill_io: GraphIO | None, decode_io: GraphIO | None, repo_
     """{model name: config.pbtxt} for the Python-backend logits / generate models."""
     logits_io = prefill_io or decode_io
     vocab_out = next(t for t in logits_io.outputs if t.name == "logits")
-    cfg_json = MSARConfig.from_json(logits_io.metadata[META_CONFIG], "msar.config metadata").to_dict()
+    cfg_json = logits_io.graph.config.to_dict()
     common = {
         "backend": "python",
         "max_batch_size": max_batch,
@@ -309,19 +307,14 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
     for path, io, want in ((prefill, prefill_io, "prefill"), (decode, decode_io, "decode")):
         if io is None:
             continue
-        if META_CONFIG not in io.metadata:
-            raise OnnxModelError(f"{path}: no msar.config metadata; export it with `msar-export export`")
-        try:
-            MSARConfig.from_json(io.metadata[META_CONFIG], "msar.config metadata")
-        except MsarError as e:
-            raise OnnxModelError(f"{path}: {first_line(e)}") from None
+        io.graph.config  # OnnxModelError: no msar.config metadata, or an unreadable one
         got = io.kind
         if got != want:
             raise OnnxModelError(f"{path}: a {got} graph where a {want} graph was expected")
         for t in io.inputs + io.outputs:
             if t.name in ("input_ids", "logits") and t.shape[0] != "batch":
                 raise OnnxModelError(f"{path}: '{t.name}' has no dynamic batch dimension; re-export it")
-    if prefill_io and decode_io and prefill_io.metadata[META_CONFIG] != decode_io.metadata[META_CONFIG]:
+    if prefill_io and decode_io and prefill_io.graph.config != decode_io.graph.config:
         raise OnnxModelError(f"{prefill} and {decode} come from different model configurations")
     configs = serving_configs(prefill_io, decode_io, out, max_batch, batching, instances, threads, queue_delay_us,
                               merge_tokens, max_new_tokens_limit)
