@@ -20,8 +20,10 @@ Python backend, from .venv-triton (scripts/setup_triton_env.sh); it listens on
 """
 
 LOADTEST_EPILOG = """\
-Exit status: 0 all requests answered and equal to the batch-1 ONNX Runtime reference
-(logits within --rtol, tokens exactly), 1 errors or mismatches, 2 bad usage.
+Exit status: 0 all requests answered correctly: logits within msar_export.verdict's
+bound of the eager float64 run (--checkpoint) or within --rtol of the served graph
+at batch 1, generated tokens equal to greedy ONNX Runtime decoding; 1 errors or
+mismatches; 2 bad usage.
 Runs in .venv-triton (tritonclient) when this environment lacks tritonclient.
 """
 
@@ -85,7 +87,12 @@ def register(subparsers) -> None:
     t.add_argument("--new-tokens", type=int, default=8, help="generate: up to this many (each prompt draws n/2..n)")
     t.add_argument("--pool", type=int, default=64, help="distinct prompts (each checked against its reference)")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--rtol", type=float, default=1e-4, help="logits: max|served - ref| / max|ref|")
+    t.add_argument("--checkpoint", metavar="CKPT",
+                   help="judge logits against this checkpoint's eager model in float64, as `check` does "
+                        "(msar_export.verdict; default with --compare-batching CKPT)")
+    t.add_argument("--rtol", type=float, default=None,
+                   help="without --checkpoint: max|served - ref| / max|ref| against the same graph at batch 1 "
+                        "(default: msar_export.verdict.SAME_GRAPH at the served precision)")
     t.add_argument("--no-verify", action="store_true", help="do not compare with ONNX Runtime")
     t.add_argument("--hostile-every", type=int, default=0, metavar="N",
                    help="make every Nth request a malformed one (overflowing shapes, lying sizes, out-of-range "
@@ -258,11 +265,14 @@ def _loadtest_argv(a, compare_sources: list[str] | None) -> list[str]:
              "--queue-delay-us", str(a.queue_delay_us), "--clients", str(a.clients), "--seconds", str(a.seconds),
              "--max-requests", str(a.max_requests), "--models", a.models, "--min-len", str(a.min_len),
              "--max-len", str(a.max_len), "--new-tokens", str(a.new_tokens), "--pool", str(a.pool),
-             "--seed", str(a.seed), "--rtol", repr(a.rtol), "--hostile-every", str(a.hostile_every)]
+             "--seed", str(a.seed), "--hostile-every", str(a.hostile_every)]
+    if a.rtol is not None:
+        argv += ["--rtol", repr(a.rtol)]
     for flag, val in (("--no-batching", a.no_batching), ("--no-verify", a.no_verify)):
         if val:
             argv.append(flag)
-    for flag, val in (("--onnx", a.onnx), ("--decode-onnx", a.decode_onnx), ("--json", a.json)):
+    for flag, val in (("--onnx", a.onnx), ("--decode-onnx", a.decode_onnx), ("--checkpoint", a.checkpoint),
+                      ("--json", a.json)):
         if val:
             argv += [flag, str(Path(val).resolve()) if flag != "--json" else str(Path(val).absolute())]
     return argv
@@ -278,6 +288,13 @@ def cmd_loadtest(a) -> int:
                             models=tuple(m.strip() for m in a.models.split(",") if m.strip()), min_len=a.min_len,
                             max_len=a.max_len, new_tokens=a.new_tokens, pool=a.pool, seed=a.seed, rtol=a.rtol,
                             verify=not a.no_verify, hostile_every=a.hostile_every)
+    if a.compare_batching and a.checkpoint is None and len(a.compare_batching) == 1 \
+            and _is_checkpoint(Path(a.compare_batching[0])):
+        a.checkpoint = a.compare_batching[0]
+    if a.checkpoint is not None:
+        if not _is_checkpoint(Path(a.checkpoint)):
+            raise InputError(f"--checkpoint {a.checkpoint}: not a checkpoint directory")
+        settings.checkpoint = a.checkpoint
     settings.check()
     from .loadtest import check_loopback
 
