@@ -7,6 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
+from ..cli_options import add_plugins, add_trust_pickle
 from ..errors import InputError
 from ..graph_spec import META_CONFIG, META_GRAPH
 
@@ -47,7 +48,7 @@ def register(subparsers) -> None:
     r.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batcher max_queue_delay_microseconds")
     r.add_argument("--instances", type=int, default=1, help="instance_group count")
     r.add_argument("--kind", choices=("cpu", "gpu"), help="instance kind (default: gpu for engines, cpu for ONNX)")
-    r.add_argument("--plugins", nargs="+", default=[], metavar="LIB.so", help="TensorRT plugin libraries to copy in")
+    add_plugins(r, "TensorRT plugin libraries to copy in")
     r.add_argument("--onnx", metavar="MODEL.onnx", help="for an engine: the ONNX graph it was built from (its I/O)")
     r.add_argument("--no-validate", action="store_true", help="skip the ModelConfig schema check")
     r.add_argument("--force", action="store_true",
@@ -63,7 +64,7 @@ def register(subparsers) -> None:
     s.add_argument("--port-grpc", type=int, default=8001)
     _serving_options(s)
     s.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for the server to be ready")
-    s.add_argument("--trust-pickle", action="store_true", help="allow model.pt/.bin checkpoints")
+    add_trust_pickle(s)
     s.add_argument("--verbose", action="store_true", help="verbose server log")
     s.set_defaults(func=cmd_serve)
 
