@@ -476,3 +476,15 @@ def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
         assert server.wait() == 3 and "stub died" in server.exit_reason()
     finally:
         server.stop()
+
+
+def test_load_job_travels_to_the_triton_venv_as_json():
+    """The job .venv-triton runs is the one the CLI built, field for field."""
+    from msar_export.serving.load_job import LoadJob
+    from msar_export.serving.loadtest import CompareSettings, LoadSettings
+
+    job = LoadJob(urls=["http://127.0.0.1:1"], settings=LoadSettings(models=("logits",), checkpoint="/ck", rtol=3e-4),
+                  compare=CompareSettings(max_batch=4, workdir="/w"), prefill="/p.onnx", json_out="/o.json")
+    assert LoadJob.from_json(job.to_json()) == job
+    plain = LoadJob(urls=["grpc://[::1]:2"], settings=LoadSettings())
+    assert LoadJob.from_json(plain.to_json()) == plain
