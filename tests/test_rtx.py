@@ -324,7 +324,7 @@ def test_check_engine_verifies_metadata_and_says_it_did_not_run(graphs, tmp_path
         pytest.skip("an RTX-class GPU is present: the engine would run")
     onnx_path, plan = graphs[key], tmp_path / "m.plan"
     shapes = "batch=1/1/4,seq=1/8/64" if key[1] == "prefill" else PROFILE["decode"]
-    assert main(["build", str(onnx_path), "-o", str(plan), "--backend", "tensorrt-rtx", "--shapes", shapes]) == 0
+    assert main(["build", str(onnx_path), "-o", str(plan), "--backend", "tensorrt-rtx", "--profile", shapes]) == 0
     out = capsys.readouterr().out
     assert "TensorRT-RTX 1." in out and "tf32: off" in out
     ckpt = graphs[("ckpt", key[0])]
@@ -376,7 +376,7 @@ def test_generate_engine_decode_loop(graphs, tmp_path, capsys):
 
     onnx_path, plan = graphs[("attnres", "decode", "decomposed", "float32")], tmp_path / "d.plan"
     assert main(["build", str(onnx_path), "-o", str(plan), "--backend", "tensorrt-rtx",
-                 "--shapes", "batch=1/1/2,seq=1/1/8,past=0/8/24"]) == 0
+                 "--profile", "batch=1/1/2,seq=1/1/8,past=0/8/24"]) == 0
     capsys.readouterr()
     ids = [[3, 14, 15, 9, 26]]
     dec = TrtDecoder(plan, onnx_path, runner=OrtAsRunner(onnx_path))

@@ -330,6 +330,34 @@ def test_loadtest_http_and_grpc_zero_mismatches(served, tmp_path):
     assert "req/s" in r.stdout and "p99" in r.stdout and "malformed requests:" in r.stdout
 
 
+def test_loadtest_judged_against_float64_and_a_faulty_checkpoint_fails(served, graphs, tmp_path):
+    """--checkpoint: logits judged by the verdict model against the eager float64 run;
+    the negative control is the same server judged against a checkpoint whose source-0
+    kernel-4 taps are 2% larger, which must fail, and one of another shape, refused."""
+    from msar_export.checkpoint import load_checkpoint, save_checkpoint
+
+    common = ["--url", served["http"], "--clients", 2, "--seconds", 2, "--max-requests", 40, "--models", "logits",
+              "--min-len", 1, "--max-len", 40, "--pool", 8]
+    out = tmp_path / "ok.json"
+    r = run_cli("loadtest", *common, "--checkpoint", graphs["ckpt"], "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(out.read_text())
+    assert report["mismatches"] == 0 and report["ok"] > 0, report
+    assert "eager float64" in report["references"]["logits_judged_against"]
+
+    model = load_checkpoint(graphs["ckpt"])
+    with torch.no_grad():
+        model.sources["0"].conv["1"].weight.mul_(1.02)
+    bad = save_checkpoint(model, tmp_path / "faulty")
+    r = run_cli("loadtest", *common, "--checkpoint", bad)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "mismatch:" in r.stdout and "bound" in r.stdout, r.stdout
+
+    other, _ = make_checkpoint(tmp_path / "other", seed=1, n_blocks=2)
+    r = run_cli("loadtest", *common, "--checkpoint", other)
+    assert r.returncode == 2 and "not the served model" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_loadtest_rejects_non_loopback_targets(triton):
     r = run_cli("loadtest", "--url", "http://10.1.2.3:8000", "--seconds", 1, timeout=120)
     assert r.returncode == 2 and "only targets this machine" in r.stderr
@@ -475,3 +503,15 @@ def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
         assert server.wait() == 3 and "stub died" in server.exit_reason()
     finally:
         server.stop()
+
+
+def test_load_job_travels_to_the_triton_venv_as_json():
+    """The job .venv-triton runs is the one the CLI built, field for field."""
+    from msar_export.serving.load_job import LoadJob
+    from msar_export.serving.loadtest import CompareSettings, LoadSettings
+
+    job = LoadJob(urls=["http://127.0.0.1:1"], settings=LoadSettings(models=("logits",), checkpoint="/ck", rtol=3e-4),
+                  compare=CompareSettings(max_batch=4, workdir="/w"), prefill="/p.onnx", json_out="/o.json")
+    assert LoadJob.from_json(job.to_json()) == job
+    plain = LoadJob(urls=["grpc://[::1]:2"], settings=LoadSettings())
+    assert LoadJob.from_json(plain.to_json()) == plain

@@ -8,7 +8,7 @@ Python. The msar plugin library itself lives in plugins/ (C++/CUDA), and
 
 from .engine import BuildReport, build_engine
 from .metadata import EngineMetadata, metadata_path, read_metadata, verify_engine_metadata
-from .profiles import DimRange, parse_shapes
+from .profiles import DimRange, parse_profile
 
-__all__ = ["BuildReport", "DimRange", "EngineMetadata", "build_engine", "metadata_path", "parse_shapes",
+__all__ = ["BuildReport", "DimRange", "EngineMetadata", "build_engine", "metadata_path", "parse_profile",
            "read_metadata", "verify_engine_metadata"]

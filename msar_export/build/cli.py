@@ -4,11 +4,12 @@ Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
 
 from __future__ import annotations
 
-DTYPES = ("float32", "float16", "bfloat16")
+from ..cli_options import add_dtype, add_plugins
 
 DESCRIPTION = """Build a TensorRT engine from an ONNX file made by `msar-export export`.
 The network is strongly typed, so the precision is the ONNX file's (export with
---dtype); msar custom nodes need the plugin library (--plugins). Writes the plan
+--dtype); msar custom nodes need the plugin library (--plugins); --profile sets
+the optimisation profile. Writes the plan
 atomically and a metadata file PLAN.json (TensorRT version, ONNX and plugin
 sha256, profile, backend, TF32) that later runs check. --backend tensorrt needs
 TensorRT; --backend tensorrt-rtx (pip install -e '.[rtx]') builds without a GPU,
@@ -18,7 +19,7 @@ and its engines run on RTX-class GPUs. TF32 is off unless --tf32."""
 def cmd_build(a) -> int:
     from .engine import build_engine
 
-    report = build_engine(a.onnx, a.output, dtype=a.dtype, shapes=a.shapes, plugin_libs=a.plugins,
+    report = build_engine(a.onnx, a.output, dtype=a.dtype, shapes=a.profile, plugin_libs=a.plugins,
                           timing_cache=a.timing_cache, workspace_gb=a.workspace_gb, verbose=a.verbose,
                           progress=lambda msg: print(msg, flush=True), backend=a.backend,
                           compute_capabilities=a.compute_capability, tf32=a.tf32)
@@ -31,14 +32,11 @@ def register(subparsers) -> None:
                               description=DESCRIPTION)
     p.add_argument("onnx", help="ONNX file from `msar-export export`")
     p.add_argument("-o", "--output", required=True, help="engine path (.plan); metadata goes to OUTPUT.json")
-    p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="check that the ONNX file has this precision (default: take the file's)")
-    p.add_argument("--shapes", action="append", default=[], metavar="DIM=MIN/OPT/MAX[,...]",
+    add_dtype(p, None, "check that the ONNX file has this precision (default: take the file's)")
+    p.add_argument("--profile", action="append", default=[], metavar="DIM=MIN/OPT/MAX[,...]",
                    help="optimisation profile for the dynamic dims batch, seq, past, e.g. "
                         "batch=1/4/8,seq=1/128/512 (repeatable; defaults: batch=1/1/8, seq up to max_seq_len)")
-    p.add_argument("--plugins", action="append", default=[], metavar="LIB",
-                   help="plugin library to load, e.g. build/plugins/libmsar_plugins.so (repeatable; required "
-                        "when the file has msar custom nodes)")
+    add_plugins(p, "plugin libraries to load (required when the file has msar custom nodes)")
     p.add_argument("--backend", choices=("tensorrt", "tensorrt-rtx"), default="tensorrt",
                    help="which TensorRT builds the engine (default tensorrt; tensorrt-rtx builds with no GPU)")
     p.add_argument("--compute-capability", action="append", default=[], metavar="X.Y[,X.Y]",

@@ -19,7 +19,7 @@ from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlug
 from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.build.engine.make_logger)
 from .metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
 from .onnx_info import OnnxInfo, read_onnx
-from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_shapes
+from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_profile
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -91,7 +91,7 @@ def _check_dtype(info: OnnxInfo, dtype: str | None) -> str:
 
 def _ranges(info: OnnxInfo, shapes) -> dict[str, DimRange]:
     ranges = default_ranges(info.graph, info.max_seq_len)
-    ranges.update(shapes if isinstance(shapes, dict) else parse_shapes(shapes))
+    ranges.update(shapes if isinstance(shapes, dict) else parse_profile(shapes))
     return ranges
 
 
@@ -124,7 +124,7 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
     if out_plan.resolve() == onnx_path.resolve():
         raise InputError("the engine path is the ONNX path; choose another -o")
     if isinstance(shapes, (str, list)):
-        parse_shapes(shapes)  # user errors before the slow parts
+        parse_profile(shapes)  # user errors before the slow parts
     targets = parse_compute_capabilities(compute_capabilities)
     if targets and backend != "tensorrt-rtx":
         raise InputError("--compute-capability is a TensorRT-RTX option; add --backend tensorrt-rtx")

@@ -158,4 +158,4 @@ def check_input_shapes(meta: EngineMetadata, shapes: dict[str, tuple[int, ...]])
         for axis, (n, a, b) in enumerate(zip(shape, lo, hi)):
             if not a <= n <= b:
                 raise EngineError(f"input {name!r} axis {axis} is {n}, outside the engine's optimisation profile "
-                                  f"[{a}, {b}]; rebuild with wider --shapes")
+                                  f"[{a}, {b}]; rebuild with wider --profile")

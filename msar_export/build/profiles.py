@@ -43,7 +43,7 @@ def default_ranges(graph: str, max_seq_len: int) -> dict[str, DimRange]:
     return ranges
 
 
-def parse_shapes(specs: str | list[str] | None) -> dict[str, DimRange]:
+def parse_profile(specs: str | list[str] | None) -> dict[str, DimRange]:
     """`["batch=1/4/8,seq=1/128/512", "past=0/0/512"]` -> {name: DimRange}."""
     if specs is None:
         return {}
@@ -55,7 +55,7 @@ def parse_shapes(specs: str | list[str] | None) -> dict[str, DimRange]:
             name, sep, rng = item.partition("=")
             name = name.strip()
             if not sep or name not in DIM_NAMES:
-                raise InputError(f"--shapes: bad item {item!r}; use DIM=MIN/OPT/MAX with DIM in {', '.join(DIM_NAMES)}, "
+                raise InputError(f"--profile: bad item {item!r}; use DIM=MIN/OPT/MAX with DIM in {', '.join(DIM_NAMES)}, "
                                  f"e.g. batch=1/4/8,seq=1/128/512")
             parts = rng.split("/")
             try:
@@ -63,7 +63,7 @@ def parse_shapes(specs: str | list[str] | None) -> dict[str, DimRange]:
             except ValueError:
                 values = []
             if len(values) != 3:
-                raise InputError(f"--shapes: {item!r} needs three integers MIN/OPT/MAX, e.g. {name}=1/4/8")
+                raise InputError(f"--profile: {item!r} needs three integers MIN/OPT/MAX, e.g. {name}=1/4/8")
             out[name] = DimRange(*values)
     return out
 
@@ -105,6 +105,6 @@ def input_profiles(inputs: list[tuple[str, list]], ranges: dict[str, DimRange]) 
         for a, b in zip(shape["min"], shape["max"]):
             if a > b or a < 0:
                 raise InputError(f"input {name!r}: the shape ranges give min {shape['min']} / max {shape['max']}; "
-                                 "check --shapes")
+                                 "check --profile")
         profiles[name] = shape
     return profiles

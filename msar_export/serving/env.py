@@ -3,7 +3,10 @@
 `nvidia-pytriton` ships the `tritonserver` binary, the Python backend and one
 backend stub per Python version; it pins numpy<2, and `tritonclient[grpc]`
 pins protobuf<7.  The main .venv has numpy 2 and protobuf 7, so they live in a
-second venv, `.venv-triton` at the repo root (scripts/setup_triton_env.sh).
+second venv: $MSAR_TRITON_VENV, else `.venv-triton` in the working directory
+(scripts/setup_triton_env.sh makes it at the checkout's root, where the tests and
+the demo run).  Processes started there import *this* msar_export through a
+folder holding only a link to it (`package_path`), never this venv's site-packages.
 
 Nothing here imports pytriton or tritonclient: the install is found by asking
 the interpreter that has it for a few paths (stdlib only, no torch import).
@@ -22,9 +25,9 @@ from pathlib import Path
 
 from ..errors import BackendUnavailable
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "MSAR_TRITON_VENV"
-SETUP_HINT = "run scripts/setup_triton_env.sh (creates .venv-triton)"
+SETUP_HINT = (f"run scripts/setup_triton_env.sh (creates .venv-triton), or set {ENV_VAR} to a venv with "
+              "nvidia-pytriton, tritonclient[grpc] and msar-export")
 
 _PROBE = r"""
 import importlib.util, json, sys, sysconfig
@@ -41,8 +44,36 @@ print(json.dumps({
 
 
 def triton_venv() -> Path:
-    """The venv that holds the server: $MSAR_TRITON_VENV, else <repo>/.venv-triton."""
-    return Path(os.environ.get(ENV_VAR) or REPO_ROOT / ".venv-triton")
+    """The venv that holds the server: $MSAR_TRITON_VENV, else ./.venv-triton."""
+    return Path(os.environ.get(ENV_VAR) or Path.cwd() / ".venv-triton").absolute()
+
+
+def package_path() -> str:
+    """A PYTHONPATH entry that makes exactly this msar_export importable in the other
+    venv (an editable checkout or an installed wheel alike; the folder above the package
+    may be this venv's site-packages, whose numpy 2 must not leak into .venv-triton)."""
+    import hashlib
+
+    import msar_export
+
+    pkg = Path(msar_export.__file__).resolve().parent
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "msar-export"
+    folder = cache / f"path-{hashlib.sha256(str(pkg).encode()).hexdigest()[:12]}"
+    link = folder / "msar_export"
+    if not (link.is_symlink() and link.resolve() == pkg):
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".link-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(pkg, target_is_directory=True)
+        os.replace(tmp, link)
+    return str(folder)
+
+
+def with_package_path(env: dict) -> dict:
+    env = dict(env)
+    env.pop("PYTHONHOME", None)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (package_path(), env.get("PYTHONPATH")) if x)
+    return env
 
 
 def have_tritonclient() -> bool:
@@ -151,11 +182,6 @@ def find_triton(python: str | os.PathLike | None = None) -> TritonInstall:
     return inst
 
 
-def run_in_triton_env(module_argv: list[str]) -> int:
-    """Run `python -m msar_export.serving.cli ARGV` in the Triton venv (this process lacks tritonclient)."""
-    py = triton_python()
-    env = dict(os.environ)
-    env.pop("PYTHONHOME", None)
-    # this checkout's package, whatever checkout the Triton venv was installed from
-    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO_ROOT), env.get("PYTHONPATH")) if x)
-    return subprocess.call([py, "-m", "msar_export.serving.cli", *module_argv], env=env)
+def run_in_triton_env(module: str, argv: list[str]) -> int:
+    """Run `python -m MODULE ARGV` in the Triton venv (this process lacks tritonclient)."""
+    return subprocess.call([triton_python(), "-m", module, *argv], env=with_package_path(os.environ))

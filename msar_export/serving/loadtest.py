@@ -1,11 +1,7 @@
 """Load test: N concurrent clients for a bounded time and request count, mixed
-sequence lengths, every response checked against a direct ONNX Runtime run.
-
-References come from `msar_export.runtime` (`OrtModel.logits`, greedy
-`OrtDecoder.generate`), batch 1, on the very files the server loaded (their
-paths are in each model's config parameters) unless given.  Logits must agree
-within `rtol` (max|served - ref| / max|ref|: batching changes float summation
-order), generated tokens exactly.
+sequence lengths, every response checked (load_references.py: logits against the
+eager model in float64 when the checkpoint is given, else against a batch-1 run
+of the served file; generated tokens exactly).
 
 Traffic goes to loopback only; every loop stops at the deadline or after
 `max_requests` requests, whichever comes first.
@@ -24,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..verdict import rel_err  # the one metric (shapes are compared before it is called)
 from .client import InferError, ServingClient, parse_url
+from .load_references import References
 
 
 
@@ -40,7 +36,8 @@ class LoadSettings:
     new_tokens: int = 8
     pool: int = 64
     seed: int = 0
-    rtol: float = 1e-4
+    rtol: float | None = None  # same-graph bound; None: verdict.SAME_GRAPH at the served precision
+    checkpoint: str | None = None  # judge logits against its eager float64 run instead
     verify: bool = True
     hostile_every: int = 0  # every Nth request is a malformed one (hostile.py) that must be refused
 
@@ -67,7 +64,9 @@ class Item:
     model: str
     ids: np.ndarray          # [1, T]
     new_tokens: int = 0
-    ref: np.ndarray | None = None
+    ref: np.ndarray | None = None      # the same graph in ONNX Runtime, batch 1
+    eager: np.ndarray | None = None    # with a checkpoint: eager at the served precision
+    ref64: np.ndarray | None = None    # with a checkpoint: eager in float64
 
 
 def machine_info() -> dict:
@@ -107,49 +106,6 @@ def check_loopback(url: str) -> None:
         loopback = host.lower() == "localhost"
     if not loopback:
         raise InputError(f"--url {url}: the load test only targets this machine (127.0.0.1, localhost, [::1])")
-
-
-class References:
-    """Batch-1 ONNX Runtime runs of the served files (or the files given)."""
-
-    def __init__(self, client: ServingClient, models: tuple[str, ...], prefill: str | None, decode: str | None):
-        from ..runtime import OrtDecoder, OrtModel
-
-        self.models = models
-        self.logits_model = self.decoder = self.decoder_for_logits = None
-        self.sources = {}
-        if "logits" in models:
-            params = client.parameters("logits")
-            path = prefill or params.get("reference_onnx")
-            if not path or not Path(path).is_file():
-                raise InputError(f"no local copy of the logits model's graph ({path}); pass --onnx")
-            if params.get("graph") == "decode" and not prefill:
-                self.decoder_for_logits = OrtDecoder(path, threads=1)
-            else:
-                self.logits_model = OrtModel(path, threads=1)
-            self.sources["logits"] = str(path)
-        if "generate" in models:
-            path = decode or client.parameters("generate").get("reference_onnx")
-            if not path or not Path(path).is_file():
-                raise InputError(f"no local copy of the generate model's decode graph ({path}); pass --decode-onnx")
-            self.decoder = OrtDecoder(path, threads=1)
-            self.sources["generate"] = str(path)
-
-    def cfg(self):
-        m = self.logits_model or self.decoder or self.decoder_for_logits
-        return m.cfg
-
-    def compute(self, item: Item) -> np.ndarray:
-        import torch
-
-        if item.model == "logits":
-            if self.logits_model is not None:
-                return self.logits_model.logits(item.ids)
-            dec = self.decoder_for_logits
-            T = item.ids.shape[1]
-            return dec.step(item.ids, np.ones_like(item.ids), np.arange(T, dtype=np.int64)[None], dec.empty_cache(1))[0]
-        out = self.decoder.generate(torch.from_numpy(item.ids), max_new_tokens=item.new_tokens)
-        return out[:, item.ids.shape[1]:].numpy()
 
 
 def make_pool(s: LoadSettings, vocab: int, max_seq_len: int) -> list[Item]:
@@ -200,7 +156,7 @@ def run_load(url: str, s: LoadSettings, prefill: str | None = None, decode: str 
             raise InferError(f"{url}: server not ready")
         time.sleep(0.2)
     configs = {m: main.model_config(m) for m in s.models}
-    refs = References(main, s.models, prefill, decode) if s.verify else None
+    refs = References(main, s.models, prefill, decode, s.checkpoint, s.rtol) if s.verify else None
     if refs is not None:
         cfg = refs.cfg()
         vocab, max_seq_len = cfg.vocab_size, cfg.max_seq_len
@@ -211,8 +167,9 @@ def run_load(url: str, s: LoadSettings, prefill: str | None = None, decode: str 
     if refs is not None:
         t0 = time.perf_counter()
         for item in pool:
-            item.ref = refs.compute(item)
-        say(f"{len(pool)} references from ONNX Runtime (batch 1) in {time.perf_counter() - t0:.1f} s")
+            refs.compute(item)
+        say(f"{len(pool)} references ({'; '.join(f'{k}: {v}' for k, v in refs.sources.items())}) "
+            f"in {time.perf_counter() - t0:.1f} s")
     # One warm-up request per model (first-run allocations are not part of the measurement).
     for m in s.models:
         it = next(i for i in pool if i.model == m)
@@ -281,16 +238,7 @@ def run_load(url: str, s: LoadSettings, prefill: str | None = None, decode: str 
                         errors[msg] = errors.get(msg, 0) + 1
                     continue
                 dt = time.perf_counter() - t
-                problem = None
-                if item.ref is not None:
-                    if out.shape != item.ref.shape:
-                        problem = f"shape {list(out.shape)} != reference {list(item.ref.shape)}"
-                    elif item.model == "logits":
-                        err = rel_err(out, item.ref)
-                        if not err <= s.rtol:
-                            problem = f"logits rel err {err:.2e} > {s.rtol:.0e}"
-                    elif not np.array_equal(out, item.ref):
-                        problem = f"tokens {out[0].tolist()} != reference {item.ref[0].tolist()}"
+                problem = refs.problem(item, out) if refs is not None else None
                 if problem:
                     with lock:
                         mismatches.append({"request": i, "model": item.model, "seq_len": int(item.ids.shape[1]),

@@ -162,12 +162,9 @@ class TritonServer:
                 "--upstream-grpc", str(self.inner_grpc), "--max-elements", str(self.max_elements)]
 
     def _front_env(self) -> dict:
-        from .env import REPO_ROOT
+        from .env import with_package_path
 
-        env = dict(os.environ)
-        env.pop("PYTHONHOME", None)
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO_ROOT), env.get("PYTHONPATH")) if x)
-        return env
+        return with_package_path(os.environ)
 
     def ready(self) -> bool:
         try:
