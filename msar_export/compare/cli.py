@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+from ..errors import InputError
 from ..verdict import MULTIPLE
 from ..cli_options import add_dtype, add_plugins, add_shapes, add_trust_pickle
 
@@ -45,15 +47,17 @@ def register(subparsers) -> None:
 
 def cmd_check(a) -> int:
     from .inputs import parse_shapes
-    from .parity import check_parity
-    from .report import print_report
+    from .parity import CheckOptions, check_parity
+    from .report import print_report, write_report
 
     shapes = parse_shapes(a.shapes) if a.shapes is not None else None
-    result = check_parity(a.checkpoint, a.onnx, engine=a.engine, plugins=a.plugins, dtype=a.dtype, tol=a.tol,
-                          shapes=shapes, seed=a.seed, report_dir=a.report, tensorrt=not a.no_trt,
-                          trust_pickle=a.trust_pickle, verbose=a.verbose,
+    if a.report and Path(a.report).exists() and not Path(a.report).is_dir():
+        raise InputError(f"--report {a.report}: exists and is not a directory")  # before the slow part
+    opts = CheckOptions(engine=a.engine, plugins=tuple(a.plugins), dtype=a.dtype, tol=a.tol, shapes=shapes,
+                        seed=a.seed, tensorrt=not a.no_trt, trust_pickle=a.trust_pickle, verbose=a.verbose)
+    result = check_parity(a.checkpoint, a.onnx, opts,
                           progress=lambda msg: print(f"msar-export check: {msg}", file=sys.stderr, flush=True))
-    print_report(result)
+    print_report(result, polygraphy_cmd=write_report(result, a.report) if a.report else None)
     if a.report:
         print(f"report: {a.report}/ (parity.json, parity.png, summary.txt, inputs.json, golden.json)")
     return result.exit_code
