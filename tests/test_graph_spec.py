@@ -54,3 +54,22 @@ def test_graph_file_names_the_msar_domain_as_the_contracts_do():
     from msar_export.graph_file import DOMAIN as GRAPH_FILE_DOMAIN
 
     assert GRAPH_FILE_DOMAIN == DOMAIN
+
+
+@pytest.mark.parametrize("residual", ["msar", "standard"])
+def test_feeds_and_torch_dims_follow_the_ports(residual):
+    cfg = MSARConfig(n_blocks=3, residual=residual)
+    dec, pre = GraphSpec(cfg, decode=True), GraphSpec(cfg, decode=False)
+    ids = np.zeros((2, 5), np.int64)
+    feeds = dec.fresh_feeds(ids, np.float16)
+    assert list(feeds) == dec.input_names
+    assert feeds["attention_mask"].shape == (2, 5) and feeds["position_ids"][1].tolist() == [0, 1, 2, 3, 4]
+    assert all(feeds[p.name].dtype == np.float16 for p in dec.cache_inputs)
+    assert all(feeds[p.name].shape[2] == 0 for p in dec.cache_inputs if p.name.startswith("past_key_values"))
+    assert list(pre.fresh_feeds(ids, None)) == ["input_ids"]
+    with pytest.raises(KeyError):  # a cache the spec names but the caller lacks
+        dec.feeds(ids, feeds["attention_mask"], feeds["position_ids"], {})
+    dims = dec.torch_dynamic_shapes()
+    assert list(dims) == ["input_ids", "attention_mask", "position_ids", "past"]
+    assert len(dims["past"]) == len(dec.cache_inputs)
+    assert list(pre.torch_dynamic_shapes()) == ["input_ids"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError, MsarError
+from ..graph_spec import INPUT_IDS, LOGITS
 from ..runners.common import layer_order, output_names, quiet_polygraphy
 from .inputs import check_shapes, decode_batches, default_shapes, token_batches
 from .preflight import GraphInfo, check_engine_path, inspect_onnx
@@ -202,7 +203,7 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, opts: C
         from ..build.metadata import check_input_shapes
 
         for shape in shapes:
-            check_input_shapes(meta, {"input_ids": tuple(shape)})
+            check_input_shapes(meta, {INPUT_IDS: tuple(shape)})
     cache_dtype = None
     if graph.decode:
         cache_dtype = np.float16 if graph.precision == "float16" else np.float32
@@ -272,7 +273,7 @@ def _tensorrt(graph, engine_path, plugins, precision, tol, skip, shapes, feeds, 
     if engine_path is not None:
         say(f"tensorrt: running engine {engine_path.name}")
         runner = trt_runner_from_engine(engine_path, plugins, backend=backend)
-        optional = tuple(n for n in order if n != "logits")  # a shipped engine may expose only the logits
+        optional = tuple(n for n in order if n != LOGITS)  # a shipped engine may expose only the logits
     else:
         say(f"tensorrt: building an engine from {graph.path.name} ({precision}) with hidden.{{l}} marked")
         max_shape = (max(b for b, _ in shapes), max(t for _, t in shapes))

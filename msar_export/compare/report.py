@@ -13,7 +13,8 @@ import shlex
 from pathlib import Path
 
 from ..fileio import atomic_path
-from ..runners.common import quiet_polygraphy
+from ..graph_spec import LOGITS
+from ..runners.common import layer_index, quiet_polygraphy
 from .result import REFERENCE, ParityResult, reference_scales, suspect
 
 JSON_NAME = "parity.json"
@@ -25,7 +26,7 @@ FORMAT_VERSION = 1
 
 
 def label(name: str) -> str:
-    return "logits" if name == "logits" else "h_" + name.split(".", 1)[1]
+    return LOGITS if name == LOGITS else f"h_{layer_index(name)}"
 
 
 def _e(x) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import first_line
+from ..graph_spec import LOGITS
 from ..memory import return_freed_memory
 from ..model.precision import float64_one_sublayer_at_a_time
 from ..onnx_wire import load_without_weights
@@ -65,7 +66,7 @@ def _static_checks(path: Path, res: ValidationResult) -> None:
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
         out = {o.name: o for o in inferred.graph.output}
-        rank = len(out["logits"].type.tensor_type.shape.dim)
+        rank = len(out[LOGITS].type.tensor_type.shape.dim)
         if rank != 3:
             res.failures.append(f"shape inference gives logits rank {rank}, expected 3")
         res.checks.append("strict shape inference")

@@ -172,8 +172,7 @@ class TrtDecoder:
     def step(self, input_ids, attention_mask, position_ids, cache):
         from ..build.metadata import check_input_shapes
 
-        feeds = {"input_ids": np.asarray(input_ids, np.int64), "attention_mask": np.asarray(attention_mask, np.int64),
-                 "position_ids": np.asarray(position_ids, np.int64), **cache}
+        feeds = self.spec.feeds(input_ids, attention_mask, position_ids, cache)
         check_input_shapes(self.meta, {k: tuple(v.shape) for k, v in feeds.items()})  # one line, before TensorRT
         outs = {k: np.asarray(v.cpu() if hasattr(v, "cpu") else v) for k, v in self.runner.infer(feeds).items()}
         return outs[LOGITS], self.spec.next_cache(outs)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..graph_spec import LOGITS
 from ..verdict import SAME_GRAPH, judge, rel_err
 from .client import ServingClient
 
@@ -65,7 +66,7 @@ class References:
 
     def _served_precision(self) -> str:
         m = self.logits_model or self.decoder_for_logits or self.decoder
-        ort_type = next(o.type for o in m.session.get_outputs() if o.name == "logits")
+        ort_type = next(o.type for o in m.session.get_outputs() if o.name == LOGITS)
         return _ORT_PRECISION.get(ort_type, "float32")
 
     def compute(self, item) -> None:

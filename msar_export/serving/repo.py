@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import EngineError, InputError, OnnxModelError, OutputError, first_line
 from ..fileio import atomic_dir, check_output_dir, file_sha256
+from ..graph_spec import INPUT_IDS, LOGITS
 from ..untrusted import contained
 from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
 from .readme import readme_serving, readme_stock
@@ -243,7 +244,7 @@ def serving_configs(prefill_io: GraphIO | None, decode_io: GraphIO | None, repo_
                     max_new_tokens_limit: int) -> dict[str, str]:
     """{model name: config.pbtxt} for the Python-backend logits / generate models."""
     logits_io = prefill_io or decode_io
-    vocab_out = next(t for t in logits_io.outputs if t.name == "logits")
+    vocab_out = next(t for t in logits_io.outputs if t.name == LOGITS)
     cfg_json = logits_io.graph.config.to_dict()
     common = {
         "backend": "python",
@@ -312,7 +313,7 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
         if got != want:
             raise OnnxModelError(f"{path}: a {got} graph where a {want} graph was expected")
         for t in io.inputs + io.outputs:
-            if t.name in ("input_ids", "logits") and t.shape[0] != "batch":
+            if t.name in (INPUT_IDS, LOGITS) and t.shape[0] != "batch":
                 raise OnnxModelError(f"{path}: '{t.name}' has no dynamic batch dimension; re-export it")
     if prefill_io and decode_io and prefill_io.graph.config != decode_io.graph.config:
         raise OnnxModelError(f"{prefill} and {decode} come from different model configurations")
