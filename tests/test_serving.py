@@ -27,9 +27,9 @@ import torch
 from conftest import make_checkpoint, rel_err
 from msar_export.export import ExportOptions, export_checkpoint
 from msar_export.runtime import OrtDecoder, OrtModel
-from msar_export.serving.client import infer_json, json_tensor
-from msar_export.serving.repo import MANIFEST, build_serving_repo, build_stock_repo, verify_repo
-from msar_export.serving.triton_model import MsarOnnx, Served, plan_groups
+from msar_export.serving.triton.client import infer_json, json_tensor
+from msar_export.serving.repository.writer import MANIFEST, build_serving_repo, build_stock_repo, verify_repo
+from msar_export.serving.repository.triton_model import MsarOnnx, Served, plan_groups
 
 REPO = Path(__file__).resolve().parent.parent
 SETUP = REPO / "scripts" / "setup_triton_env.sh"
@@ -48,8 +48,8 @@ def run_cli(*args, timeout=300, **kw):
 def triton():
     """The Triton install in .venv-triton (created here if missing); skip only if it cannot be had."""
     from msar_export.errors import BackendUnavailable
-    from msar_export.serving.env import find_triton, triton_venv
-    from msar_export.serving.server import binary_check
+    from msar_export.serving.triton.env import find_triton, triton_venv
+    from msar_export.serving.triton.server import binary_check
 
     venv = triton_venv()
     check = [str(venv / "bin" / "python"), "-c", "import pytriton, tritonclient.grpc, onnxruntime, msar_export.serving"]
@@ -90,7 +90,7 @@ def refs(graphs):
 @pytest.fixture(scope="module")
 def served(triton, graphs):
     """`msar-export serve PREFILL DECODE` on free loopback ports, stopped with SIGTERM at the end."""
-    from msar_export.serving.server import free_port, http_get
+    from msar_export.serving.triton.server import free_port, http_get
 
     http, grpc = free_port(), free_port()
     workdir = graphs["root"] / "serve"
@@ -205,7 +205,7 @@ def test_triton_repo_on_non_onnx_file_exits_2_with_one_line(tmp_path):
 # -- configs against Triton's ModelConfig schema ------------------------------------------------
 
 def parsed_configs(triton, paths):
-    script = REPO / "msar_export" / "serving" / "pbtxt_check.py"
+    script = REPO / "msar_export" / "serving" / "repository" / "pbtxt_check.py"
     out = subprocess.run([str(triton.python), str(script), "--dump", *map(str, paths)],
                          capture_output=True, text=True, timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -366,7 +366,7 @@ def test_loadtest_rejects_non_loopback_targets(triton):
 def test_crash_and_restart_lose_no_committed_files(triton, graphs, refs, tmp_path):
     """SIGKILL the server (and its stubs) mid-traffic, then SIGTERM it: the repository is
     intact each time, and a restart reuses it and answers as before."""
-    from msar_export.serving.server import TritonServer, free_port
+    from msar_export.serving.triton.server import TritonServer, free_port
 
     repo, rebuilt = build_serving_repo(graphs["prefill"], graphs["decode"], tmp_path / "repo", max_batch=4)
     assert rebuilt and verify_repo(repo) == []
@@ -451,7 +451,7 @@ def test_overflow_requests_never_reach_triton_and_serving_goes_on(served, triton
     tritonserver abort; shape [1, 2**61] with no bytes: a dead stub behind a ready health
     check), a 2**32+5 that Triton narrowed to 5, and framing lies; each refused, then a good
     request is answered right and the server is still ready."""
-    from msar_export.serving.server import http_get
+    from msar_export.serving.triton.server import http_get
 
     url, good = served["http"], ids_of(graphs["cfg"], 12, 7)
     cases = [
@@ -484,7 +484,7 @@ def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
     """Behind the front the stub cannot be killed by a request; here it is, through Triton's
     private port (the bug reproduced): the next request through the front sees the dead stub,
     and the server stops with a line that says so instead of staying 'ready'."""
-    from msar_export.serving.server import TritonServer, free_port
+    from msar_export.serving.triton.server import TritonServer, free_port
 
     repo, _ = build_serving_repo(graphs["prefill"], None, tmp_path / "repo", max_batch=2)
     server = TritonServer(repo, free_port(), free_port()).start()
@@ -507,8 +507,8 @@ def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
 
 def test_load_job_travels_to_the_triton_venv_as_json():
     """The job .venv-triton runs is the one the CLI built, field for field."""
-    from msar_export.serving.load_job import LoadJob
-    from msar_export.serving.loadtest import CompareSettings, LoadSettings
+    from msar_export.serving.load.job import LoadJob
+    from msar_export.serving.load.loadtest import CompareSettings, LoadSettings
 
     job = LoadJob(urls=["http://127.0.0.1:1"], settings=LoadSettings(models=("logits",), checkpoint="/ck", rtol=3e-4),
                   compare=CompareSettings(max_batch=4, workdir="/w"), prefill="/p.onnx", json_out="/o.json")

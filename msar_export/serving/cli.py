@@ -111,7 +111,7 @@ def _serving_options(p) -> None:
 # -- triton-repo ------------------------------------------------------------------------
 
 def cmd_triton_repo(a) -> int:
-    from .repo import build_stock_repo
+    from .repository.writer import build_stock_repo
 
     out = build_stock_repo(a.model, a.output, name=a.name, max_batch=a.max_batch, kind=a.kind,
                            instances=a.instances, queue_delay_us=a.queue_delay_us, batching=not a.no_batching,
@@ -133,10 +133,10 @@ class _Stop(Exception):
 
 
 def cmd_serve(a) -> int:
-    from .repo import build_serving_repo
-    from .server import TritonServer
+    from .repository.writer import build_serving_repo
+    from .triton.server import TritonServer
 
-    from .server import HOST, ServerError, port_in_use
+    from .triton.server import HOST, ServerError, port_in_use
 
     if a.port_http == a.port_grpc:
         raise InputError("--port-http and --port-grpc must differ")
@@ -181,9 +181,9 @@ def cmd_serve(a) -> int:
 # -- loadtest -----------------------------------------------------------------------------
 
 def cmd_loadtest(a) -> int:
-    from .env import have_tritonclient
-    from .load_job import LoadJob, run_in_triton_venv, run_job
-    from .loadtest import CompareSettings, LoadSettings
+    from .triton.env import have_tritonclient
+    from .load.job import LoadJob, run_in_triton_venv, run_job
+    from .load.loadtest import CompareSettings, LoadSettings
 
     if bool(a.url) == bool(a.compare_batching):
         raise InputError("give --url URL (a running server) or --compare-batching CKPT|MODEL.onnx, not both")
@@ -199,7 +199,7 @@ def cmd_loadtest(a) -> int:
             raise InputError(f"--checkpoint {a.checkpoint}: not a checkpoint directory")
         settings.checkpoint = str(Path(a.checkpoint).resolve())
     settings.check()
-    from .loadtest import check_loopback
+    from .load.loadtest import check_loopback
 
     for u in a.url:
         check_loopback(u)

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from ..errors import BackendUnavailable, InputError, MsarError
+from ...errors import BackendUnavailable, InputError, MsarError
 from .env import SETUP_HINT
 
 

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BackendUnavailable
+from ...errors import BackendUnavailable
 
 ENV_VAR = "MSAR_TRITON_VENV"
 SETUP_HINT = (f"run scripts/setup_triton_env.sh (creates .venv-triton), or set {ENV_VAR} to a venv with "

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..errors import BackendUnavailable, MsarError
+from ...errors import BackendUnavailable, MsarError
 from .env import TritonInstall, find_triton
 
 HOST = "127.0.0.1"
@@ -157,7 +157,7 @@ class TritonServer:
         raise ServerError(f"tritonserver was not ready after {timeout:.0f} s: {self.log_summary()} (log: {self.log_path})")
 
     def front_command(self) -> list[str]:
-        return [str(self.install.python), "-m", "msar_export.serving.front", "--http", str(self.http_port),
+        return [str(self.install.python), "-m", "msar_export.serving.triton.front", "--http", str(self.http_port),
                 "--grpc", str(self.grpc_port), "--upstream-http", str(self.inner_http),
                 "--upstream-grpc", str(self.inner_grpc), "--max-elements", str(self.max_elements)]
 

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import MsarError, OnnxModelError
-from ..graph_file import ExportedGraph
+from ...errors import MsarError, OnnxModelError
+from ...graph_file import ExportedGraph
 
 # onnx.TensorProto.DataType -> Triton data type
 ONNX_TO_TRITON = {

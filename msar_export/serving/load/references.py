@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
-from ..graph_spec import LOGITS
-from ..verdict import SAME_GRAPH, judge, rel_err
-from .client import ServingClient
+from ...errors import InputError
+from ...graph_spec import LOGITS
+from ...verdict import SAME_GRAPH, judge, rel_err
+from ..triton.client import ServingClient
 
 _ORT_PRECISION = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16"}
 
@@ -29,7 +29,7 @@ class References:
 
     def __init__(self, client: ServingClient, models: tuple[str, ...], prefill: str | None, decode: str | None,
                  checkpoint: str | None = None, rtol: float | None = None):
-        from ..runtime import OrtDecoder, OrtModel
+        from ...runtime import OrtDecoder, OrtModel
 
         self.models = models
         self.logits_model = self.decoder = self.decoder_for_logits = None
@@ -106,7 +106,7 @@ class EagerFloat64:
     def __init__(self, checkpoint: str, served_cfg, precision: str):
         import torch
 
-        from ..checkpoint import load_checkpoint
+        from ...checkpoint import load_checkpoint
 
         self.model = load_checkpoint(checkpoint, dtype=torch.float32)
         if self.model.cfg != served_cfg:
@@ -119,7 +119,7 @@ class EagerFloat64:
     def logits(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         import torch
 
-        from ..model.precision import float64_one_sublayer_at_a_time
+        from ...model.precision import float64_one_sublayer_at_a_time
 
         x = torch.from_numpy(ids)
         with torch.no_grad():

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import shutil
 from pathlib import Path
 
-from ..errors import EngineError, InputError, OnnxModelError, OutputError, first_line
-from ..fileio import atomic_dir, check_output_dir, file_sha256
-from ..graph_spec import INPUT_IDS, LOGITS
-from ..untrusted import contained
+from ...errors import EngineError, InputError, OnnxModelError, OutputError, first_line
+from ...fileio import atomic_dir, check_output_dir, file_sha256
+from ...graph_spec import INPUT_IDS, LOGITS
+from ...untrusted import contained
 from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
 from .readme import readme_serving, readme_stock
 
@@ -51,7 +52,7 @@ def copy_onnx_bundle(model: Path, files: dict[str, Path], dst: Path) -> None:
 def check_runs(model: Path) -> None:
     """ONNX Runtime loads the graph as the repository holds it: no repository for a graph that
     cannot run (the server would only fail later, at load time)."""
-    from ..runners.ort_runner import open_session
+    from ...runners.ort_runner import open_session
 
     open_session(model, threads=1, optimization="disable", label=str(model))
 
@@ -236,7 +237,7 @@ def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str
 
 TRITON_MODEL_PY = Path(__file__).with_name("triton_model.py")
 # The one ONNX Runtime runner, copied beside model.py (Triton's Python environment has no msar_export).
-ORT_RUNNER_PY = Path(__file__).parents[1] / "runners" / "ort_runner.py"
+ORT_RUNNER_PY = Path(importlib.util.find_spec("msar_export.runners.ort_runner").origin)  # found, not imported
 
 
 def serving_configs(prefill_io: GraphIO | None, decode_io: GraphIO | None, repo_abs: Path, max_batch: int,

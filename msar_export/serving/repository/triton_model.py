@@ -32,8 +32,8 @@ import sys
 
 import numpy as np
 
-try:  # msar_export.serving.triton_model: tests, reuse outside Triton
-    from ..runners.ort_runner import OrtGraph
+try:  # msar_export.serving.repository.triton_model: tests, reuse outside Triton
+    from ...runners.ort_runner import OrtGraph
 except ImportError:  # Triton's stub (it imports "<version>.model"): ort_runner.py lies beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from ort_runner import OrtGraph

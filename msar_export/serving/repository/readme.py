@@ -65,7 +65,7 @@ def readme_serving(models: dict[str, Path], batching: bool, max_batch: int) -> s
     lines = [
         "# Triton model repository for `msar-export serve` (Python backend + ONNX Runtime)",
         "",
-        "Models (each `1/model.py` is msar_export/serving/triton_model.py, over `1/ort_runner.py`, the",
+        "Models (each `1/model.py` is msar_export/serving/repository/triton_model.py, over `1/ort_runner.py`, the",
         "one ONNX Runtime runner, msar_export/runners/ort_runner.py; they need numpy and onnxruntime):",
         "",
         "- `logits`: `input_ids` INT64 [batch, seq] -> `logits` [batch, seq, vocab]",

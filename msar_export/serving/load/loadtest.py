@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
-from .client import InferError, ServingClient, parse_url
-from .load_references import References
+from ...errors import InputError
+from ..triton.client import InferError, ServingClient, parse_url
+from .references import References
 
 
 
@@ -342,8 +342,8 @@ class CompareSettings:
 def compare_batching(prefill: str | None, decode: str | None, s: LoadSettings, c: CompareSettings,
                      progress=None) -> dict:
     """The same load against dynamic batching and batch-1 serving, one server at a time."""
-    from .repo import build_serving_repo
-    from .server import TritonServer, free_port
+    from ..repository.writer import build_serving_repo
+    from ..triton.server import TritonServer, free_port
 
     say = progress or (lambda msg: None)
     results = {}

@@ -18,7 +18,7 @@ puts tritonserver on private loopback ports and this process on the public ones:
   forever behind a "ready" health check.
 
 Runs in .venv-triton (grpcio and Triton's protobufs are there): `python -m
-msar_export.serving.front --http PORT --grpc PORT --upstream-http PORT
+msar_export.serving.triton.front --http PORT --grpc PORT --upstream-http PORT
 --upstream-grpc PORT --max-elements N`.
 """
 

@@ -3,7 +3,7 @@
 Standalone on purpose (stdlib + protobuf, no package imports), so it also runs
 as a script in any interpreter:
 
-    python msar_export/serving/pbtxt_check.py [--dump] FILE...
+    python msar_export/serving/repository/pbtxt_check.py [--dump] FILE...
 
 prints {file: null | "problem"} as JSON (with --dump: {file: the parsed config as
 a dict, or {"error": problem}}); exit 0 when every file is valid.

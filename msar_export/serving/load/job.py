@@ -1,6 +1,6 @@
 """One load-test run as data.  `msar-export loadtest` builds it and runs it here, or,
 when this environment lacks tritonclient, in .venv-triton as
-`python -m msar_export.serving.load_job JOB.json` (the job travels as JSON, not as
+`python -m msar_export.serving.load.job JOB.json` (the job travels as JSON, not as
 command-line flags rebuilt from parsed ones)."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def run_job(job: LoadJob, say=print) -> int:
         result = runs[0] if len(runs) == 1 else {"runs": runs}
         failed = any(run_failed(r) for r in runs)
     if job.json_out:
-        from ..fileio import atomic_write_text
+        from ...fileio import atomic_write_text
 
         atomic_write_text(job.json_out, json.dumps(result, indent=2) + "\n")
         print(f"report: {job.json_out}")
@@ -61,21 +61,21 @@ def run_job(job: LoadJob, say=print) -> int:
 
 
 def run_in_triton_venv(job: LoadJob) -> int:
-    from .env import run_in_triton_env
+    from ..triton.env import run_in_triton_env
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="msar-loadtest-") as f:
         f.write(job.to_json())
         f.flush()
-        return run_in_triton_env("msar_export.serving.load_job", [f.name])
+        return run_in_triton_env("msar_export.serving.load.job", [f.name])
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from ..cli import run_command
+    from ...cli import run_command
 
     def cmd(a) -> int:
-        from .sources import say
+        from ..sources import say
 
         return run_job(LoadJob.from_json(Path(a.job).read_text()), say)
 
