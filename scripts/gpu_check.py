@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from msar_export import verdict
-from msar_export.build.kernels import (KernelLibrary, eager_depth_retrieval, eager_fused_mixer,
+from msar_export.kernels import (KernelLibrary, eager_depth_retrieval, eager_fused_mixer,
                                        random_fused_mixer_inputs, reference_depth_retrieval64,
                                        reference_fused_mixer64, rel_err)
 

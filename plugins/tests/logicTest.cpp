@@ -5,7 +5,7 @@
  *   g++ -std=c++17 -Wall -Wextra -Werror -I plugins/common plugins/tests/logicTest.cpp
  * Prints "logicTest: N checks passed" or the first failure (exit 1).
  */
-#include "msarPluginLogic.h"
+#include "common/msarPluginLogic.h"
 
 #include <cstdio>
 #include <cstdlib>

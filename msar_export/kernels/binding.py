@@ -1,38 +1,19 @@
-"""ctypes binding of the msar CUDA kernels (C ABI of plugins/*/xKernel.h) and
-the references they are checked against.
+"""ctypes binding of the msar CUDA kernels (C ABI of plugins/*/xKernel.h).
 
-One binding drives two builds of the same kernel source:
-- the CUDA shared library (scripts/gpu_check.sh) on torch CUDA tensors;
-- the CPU emulation library (plugins/tests/cudaHostEmulation.h, built with
-  g++) on CPU tensors, which is how the tests run the real kernel code on a
-  machine without a GPU.
-
-References: `eager_*` use the model's own mixing code (msar_export.model.mixing,
-float32 inside, like the kernels); `reference_*64` are independent float64
-implementations of MSAR_SPEC 1.1-1.3.
+One binding drives two builds of the same kernel source (plugins/CMakeLists.txt):
+- msar_kernels, the CUDA shared library (scripts/gpu_check.sh), on torch CUDA tensors;
+- msar_emulation (plugins/tests/cudaHostEmulation.h) on CPU tensors, which is
+  how the tests run the real kernel code on a machine without a GPU.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
 from ctypes import POINTER, c_float, c_int32, c_int64, c_size_t, c_void_p
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-
-from .. import verdict
-
-REPO = Path(__file__).resolve().parents[2]
-PLUGINS = REPO / "plugins"
-KERNEL_SOURCES = (
-    PLUGINS / "msarFusedMixerPlugin" / "fusedMixerKernel.cu",
-    PLUGINS / "msarDepthRetrievalPlugin" / "depthRetrievalKernel.cu",
-)
-EMULATION_SOURCE = PLUGINS / "tests" / "emulationLib.cpp"
 
 # plugins/common/msarKernelTypes.h
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -184,133 +165,3 @@ class KernelLibrary:
         if status:
             raise RuntimeError(f"msarDepthRetrievalForward failed: {status_text(status)}")
         return out
-
-
-# ---------------------------------------------------------------------------
-# Building the libraries.
-
-def cuda_include_dir() -> Path | None:
-    """The CUDA toolkit's include folder (cuda_runtime.h), or None."""
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(str(Path(os.path.realpath(nvcc)).parent.parent))
-    for c in candidates:
-        if c and (Path(c) / "include" / "cuda_runtime.h").is_file():
-            return Path(c) / "include"
-    return None
-
-
-def emulation_unavailable(compiler: str = "g++") -> str | None:
-    """Why the CPU emulation cannot be built here (needs g++ >= 11 for std::barrier and the CUDA headers), or None."""
-    gxx = shutil.which(compiler)
-    if gxx is None:
-        return f"{compiler} not found"
-    version = subprocess.run([gxx, "-dumpversion"], capture_output=True, text=True).stdout.strip()
-    if not version or int(version.split(".")[0]) < 11:
-        return f"{compiler} {version or '?'} is older than 11 (std::barrier)"
-    return None if cuda_include_dir() is not None else "CUDA headers (cuda_runtime.h) not found; set CUDA_HOME"
-
-
-def compile_emulation_library(out: str | os.PathLike, compiler: str = "g++") -> Path:
-    """Build the CPU emulation of the kernels (needs g++ >= 11 and the CUDA headers, no GPU)."""
-    inc = cuda_include_dir()
-    if inc is None:
-        raise FileNotFoundError("CUDA headers (cuda_runtime.h) not found; set CUDA_HOME")
-    out = Path(out)
-    cmd = [compiler, "-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Wno-unknown-pragmas",
-           f"-I{inc}", str(EMULATION_SOURCE), "-o", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return out
-
-
-# ---------------------------------------------------------------------------
-# References.
-
-def split_conv_weight(conv_weight: torch.Tensor, i: int, stream_kernels) -> list[torch.Tensor]:
-    """Row i of conv_weight [N, d, K] -> Conv1d weights [d, 1, k] for streams 1..m-1."""
-    out, off = [], 0
-    for k in stream_kernels[1:]:
-        out.append(conv_weight[i, :, off:off + k].unsqueeze(1))
-        off += k
-    return out
-
-
-def eager_fused_mixer(query, gate_weight, gate_bias, gate_scale, conv_weight, sources, stream_kernels, eps):
-    """The model's own mixer code (float32 inside) on the op's inputs -> h float32."""
-    from ..model.layers import rms_normalize
-    from ..model.mixing import causal_conv, depth_retrieval, stream_fusion
-
-    views = []
-    for i, x in enumerate(sources):
-        xf = x.float()
-        streams = [xf]
-        for w in split_conv_weight(conv_weight, i, stream_kernels):
-            k = w.shape[-1]
-            streams.append(causal_conv(F.pad(xf, (0, 0, k - 1, 0)), w.float()))
-        views.append(torch.stack(streams, dim=2))
-    keys = [rms_normalize(v, eps) for v in views]
-    z = depth_retrieval(query, torch.stack(views), torch.stack(keys))
-    return stream_fusion(z, gate_weight, gate_bias, gate_scale)
-
-
-def reference_fused_mixer64(query, gate_weight, gate_bias, gate_scale, conv_weight, sources, stream_kernels, eps):
-    """MSAR_SPEC 1.1-1.3 written out in float64 -> h float64."""
-    T = sources[0].shape[1]
-    views = []
-    for i, x in enumerate(sources):
-        x = x.double()
-        streams = [x]
-        for w in split_conv_weight(conv_weight.double(), i, stream_kernels):
-            k = w.shape[-1]
-            xp = F.pad(x, (0, 0, k - 1, 0))  # zeros before the sequence start
-            streams.append(sum(xp[:, j:j + T] * w[:, 0, j] for j in range(k)))  # tap j: token t-(k-1-j)
-        views.append(torch.stack(streams, dim=2))
-    V = torch.stack(views)  # (n, B, T, m, d)
-    keys = V / torch.sqrt((V * V).mean(-1, keepdim=True) + eps)
-    alpha = torch.softmax((keys * query.double()).sum(-1), dim=0)  # (n, B, T, m)
-    z = (alpha.unsqueeze(-1) * V).sum(0)  # (B, T, m, d)
-    logits = z.flatten(-2) @ gate_weight.double().T  # (B, T, m)
-    g = torch.sigmoid(gate_scale.double() * logits + gate_bias.double())
-    return (g.unsqueeze(-1) * z).sum(-2)
-
-
-def eager_depth_retrieval(query, views, eps):
-    from ..model.layers import rms_normalize
-    from ..model.mixing import depth_retrieval
-
-    V = torch.stack([v.float() for v in views])
-    return depth_retrieval(query, V, rms_normalize(V, eps))
-
-
-def reference_depth_retrieval64(query, views, eps):
-    V = torch.stack([v.double() for v in views])
-    keys = V / torch.sqrt((V * V).mean(-1, keepdim=True) + eps)
-    alpha = torch.softmax((keys * query.double()).sum(-1), dim=0)
-    return (alpha.unsqueeze(-1) * V).sum(0)
-
-
-def random_fused_mixer_inputs(n: int, B: int, T: int, d: int, stream_kernels, dtype=torch.float32, device="cpu",
-                              seed: int = 0, extra_rows: int = 1) -> dict:
-    """Inputs with every parameter non-trivial; scores of order one (query ~ 2/sqrt(d))."""
-    g = torch.Generator().manual_seed(seed)
-    m, K = len(stream_kernels), sum(stream_kernels[1:])
-
-    def rnd(*shape, scale=1.0):
-        return (scale * torch.randn(*shape, generator=g)).to(dtype=dtype, device=device).contiguous()
-
-    return dict(
-        query=rnd(m, d, scale=2.0 / d**0.5),
-        gate_weight=rnd(m, m * d, scale=1.0 / (m * d) ** 0.5),
-        gate_bias=rnd(m, scale=0.5),
-        gate_scale=(1.0 + torch.rand((), generator=g)).to(dtype=dtype, device=device),
-        conv_weight=rnd(n + extra_rows, d, K, scale=0.5),
-        sources=[rnd(B, T, d) for _ in range(n)],
-        stream_kernels=list(stream_kernels),
-        eps=1e-6,
-    )
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """The project's one metric (msar_export.verdict.rel_err) on torch tensors of any dtype."""
-    return verdict.rel_err(got.detach().double().cpu().numpy(), ref.detach().double().cpu().numpy())
