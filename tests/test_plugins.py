@@ -21,6 +21,7 @@ import torch
 from plugin_build import PLUGINS, cmake_build, emulation, run_cpp_test, trt_headers
 
 from msar_export import kernels as K
+from msar_export.export.contract_headers import render_headers
 from msar_export.export.contracts import CONTRACTS, DEPTH_RETRIEVAL, FUSED_MIXER, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
 REPO = PLUGINS.parent
@@ -154,18 +155,29 @@ def test_readme_parser_sees_a_drift(tmp_path):
     assert ["gate_bias", "[m, 1]"] == rows[2][:2]
 
 
-def test_cpp_constants_match_contract():
-    src = (PLUGINS / "common" / "msarPluginLogic.h").read_text()
+@pytest.mark.parametrize("rel", sorted(render_headers()))
+def test_generated_headers_are_current(rel):
+    """plugins/common/msarOpContracts.h and msarKernelAttrs.h are contracts.py rendered, byte for byte."""
+    assert (PLUGINS / rel).read_bytes() == render_headers()[rel].encode(), (
+        f"regenerate: python -m msar_export.export.contract_headers plugins  ({rel})")
+
+
+def test_generated_headers_follow_the_contract():
+    """The field table and the kernel-argument members name every attribute, in contract order."""
+    src = render_headers()["common/msarOpContracts.h"]
     kinds = {"INTS": "kINT32", "INT": "kINT32", "FLOAT": "kFLOAT32", "STRING": "kCHAR"}
-    for contract, array in ((FUSED_MIXER, "kFusedMixerFields"), (DEPTH_RETRIEVAL, "kDepthRetrievalFields")):
-        body = re.search(array + r"\[\] = \{(.*?)\n\};", src, re.S).group(1)
-        fields = re.findall(r'\{"(\w+)", FieldKind::(\w+)\}', body)
-        assert fields == [(a.name, kinds[a.type]) for a in contract.attributes]
-    assert f'kFusedMixerFixedInputs = {FUSED_MIXER.n_fixed_inputs};' in src
-    assert f'kDepthRetrievalFixedInputs = {DEPTH_RETRIEVAL.n_fixed_inputs};' in src
-    assert f'kPluginVersion = "{PLUGIN_VERSION}";' in src
-    assert f'kPluginNamespace = "{PLUGIN_NAMESPACE}";' in src
-    assert f'kFusedMixerName = "{FUSED_MIXER.name}";' in src and f'kDepthRetrievalName = "{DEPTH_RETRIEVAL.name}";' in src
+    for contract in (FUSED_MIXER, DEPTH_RETRIEVAL):
+        body = re.search(f"k{contract.name}Fields" + r"\[\] = \{(.*?)\n\};", src, re.S).group(1)
+        assert re.findall(r'\{"(\w+)", FieldKind::(\w+)\}', body) == [(a.name, kinds[a.type]) for a in contract.attributes]
+        assert f"k{contract.name}FixedInputs = {contract.n_fixed_inputs};" in src
+    assert f'kPluginVersion = "{PLUGIN_VERSION}";' in src and f'kPluginNamespace = "{PLUGIN_NAMESPACE}";' in src
+    args = [name for name, _ in K.FusedMixerArgs._fields_]
+    assert args[args.index("conv_rows") + 1:args.index("out")] == ["stream_kernels", "n_streams", "eps"]
+
+
+def test_common_does_not_include_the_plugin_folders():
+    for path in (PLUGINS / "common").iterdir():
+        assert not re.search(r'#include "\.\./msar\w+Plugin/', path.read_text()), path.name
 
 
 # ---------------------------------------------------------------------------

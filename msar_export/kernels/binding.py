@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ..export.contracts import DEPTH_RETRIEVAL, FUSED_MIXER, OpContract
+
 # plugins/common/msarKernelTypes.h
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 MAX_SOURCES = 256
@@ -26,6 +28,29 @@ def status_text(status: int) -> str:
     if status >= CUDA_ERROR_BASE:
         return f"CUDA error {status - CUDA_ERROR_BASE}"
     return STATUS_TEXT.get(status, f"unknown status {status}")
+
+
+_CTYPES = {"int32_t const*": POINTER(c_int32), "int32_t": c_int32, "float": c_float}
+
+
+def _attr_fields(contract: OpContract) -> list[tuple[str, type]]:
+    """The op's attribute members of its kernel arguments (msarKernelAttrs.h, generated from the same records)."""
+    return [(m, _CTYPES[t]) for a in contract.kernel_attributes for t, m in a.kernel_members()]
+
+
+def _set_attrs(args: ctypes.Structure, contract: OpContract, given: dict) -> list:
+    """Fill `args`' attribute members from `given` (defaults from the contract); returns the ctypes
+    arrays that must stay alive while the kernel runs."""
+    values, keep = contract.attribute_values(**given), []
+    for a in contract.kernel_attributes:
+        if a.type == "INTS":
+            arr = (c_int32 * len(values[a.name]))(*values[a.name])
+            keep.append(arr)
+            setattr(args, a.name, arr)
+            setattr(args, a.count, len(arr))
+        else:
+            setattr(args, a.name, values[a.name])
+    return keep
 
 
 class FusedMixerArgs(ctypes.Structure):
@@ -43,9 +68,7 @@ class FusedMixerArgs(ctypes.Structure):
         ("seq", c_int64),
         ("d", c_int64),
         ("conv_rows", c_int64),
-        ("stream_kernels", POINTER(c_int32)),
-        ("n_streams", c_int32),
-        ("eps", c_float),
+        *_attr_fields(FUSED_MIXER),
         ("out", c_void_p),
         ("workspace", c_void_p),
         ("workspace_size", c_size_t),
@@ -64,7 +87,7 @@ class DepthRetrievalArgs(ctypes.Structure):
         ("seq", c_int64),
         ("n_streams", c_int64),
         ("d", c_int64),
-        ("eps", c_float),
+        *_attr_fields(DEPTH_RETRIEVAL),
         ("out", c_void_p),
     ]
 
@@ -125,9 +148,10 @@ class KernelLibrary:
             raise RuntimeError(f"msarFusedMixerPrepareTaps failed: {status_text(status)}")
         return taps
 
-    def fused_mixer(self, query, gate_weight, gate_bias, gate_scale, conv_weight, sources, stream_kernels,
-                    eps: float, out=None, workspace=None, prepared_taps=None) -> torch.Tensor:
+    def fused_mixer(self, query, gate_weight, gate_bias, gate_scale, conv_weight, sources, out=None, workspace=None,
+                    prepared_taps=None, **attrs) -> torch.Tensor:
         """h (B, T, d) = FusedMixer(...) on the tensors' device (CUDA build) or the CPU (emulation build).
+        `attrs`: the op's attributes by contract name (stream_kernels required, the rest default).
         Enqueues on the current CUDA stream and does not synchronise. prepared_taps: from prepare_taps
         (then the taps are not transposed again and no workspace is used)."""
         named = {"query": query, "gate_weight": gate_weight, "gate_bias": gate_bias, "gate_scale": gate_scale,
@@ -137,30 +161,36 @@ class KernelLibrary:
         B, T, d = sources[0].shape
         if out is None:
             out = torch.empty_like(sources[0])
-        ks = (c_int32 * len(stream_kernels))(*[int(k) for k in stream_kernels])
-        need = self.fused_mixer_workspace(len(sources), d, stream_kernels)
         if workspace is None:
+            need = self.fused_mixer_workspace(len(sources), d, attrs["stream_kernels"])
             workspace = torch.empty(max(need, 1), dtype=torch.uint8, device=x0.device)
         ptrs = (c_void_p * len(sources))(*[s.data_ptr() for s in sources])
         args = FusedMixerArgs(
-            query.data_ptr(), gate_weight.data_ptr(), gate_bias.data_ptr(), gate_scale.data_ptr(),
-            conv_weight.data_ptr() if conv_weight.numel() else None, ptrs, len(sources), B, T, d,
-            conv_weight.shape[0], ks, len(stream_kernels), float(eps), out.data_ptr(), workspace.data_ptr(),
-            workspace.numel(), None if prepared_taps is None else prepared_taps.data_ptr())
+            query=query.data_ptr(), gate_weight=gate_weight.data_ptr(), gate_bias=gate_bias.data_ptr(),
+            gate_scale=gate_scale.data_ptr(), conv_weight=conv_weight.data_ptr() if conv_weight.numel() else None,
+            sources=ptrs, n_sources=len(sources), batch=B, seq=T, d=d, conv_rows=conv_weight.shape[0],
+            out=out.data_ptr(), workspace=workspace.data_ptr(), workspace_size=workspace.numel(),
+            prepared_taps=None if prepared_taps is None else prepared_taps.data_ptr())
+        keep = _set_attrs(args, FUSED_MIXER, attrs)  # noqa: F841 - the arrays the kernel reads
         status = self.lib.msarFusedMixerForward(DTYPE_CODES[x0.dtype], ctypes.byref(args), _stream_handle(x0))
         if status:
             raise RuntimeError(f"msarFusedMixerForward failed: {status_text(status)}")
         return out
 
-    def depth_retrieval(self, query, views, eps: float, out=None) -> torch.Tensor:
-        """z (B, T, m, d) = DepthRetrieval(query, views...)."""
+    def depth_retrieval(self, query, views, eps: float | None = None, out=None, **attrs) -> torch.Tensor:
+        """z (B, T, m, d) = DepthRetrieval(query, views...); `eps` positional for short calls, any
+        attribute by contract name in `attrs`."""
+        if eps is not None:
+            attrs["eps"] = eps
         named = {"query": query, **{f"views_{i}": v for i, v in enumerate(views)}}
         x0 = _check_tensors("depth_retrieval", named)
         B, T, m, d = views[0].shape
         if out is None:
             out = torch.empty_like(views[0])
         ptrs = (c_void_p * len(views))(*[v.data_ptr() for v in views])
-        args = DepthRetrievalArgs(query.data_ptr(), ptrs, len(views), B, T, m, d, float(eps), out.data_ptr())
+        args = DepthRetrievalArgs(query=query.data_ptr(), views=ptrs, n_sources=len(views), batch=B, seq=T,
+                                  n_streams=m, d=d, out=out.data_ptr())
+        keep = _set_attrs(args, DEPTH_RETRIEVAL, attrs)  # noqa: F841
         status = self.lib.msarDepthRetrievalForward(DTYPE_CODES[x0.dtype], ctypes.byref(args), _stream_handle(x0))
         if status:
             raise RuntimeError(f"msarDepthRetrievalForward failed: {status_text(status)}")

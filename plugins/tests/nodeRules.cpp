@@ -13,7 +13,8 @@
  *   ok DTYPE D0xD1x...        the output type and shape the plugin would report
  *   error MESSAGE             the plugin's own message
  */
-#include "common/msarPluginLogic.h"
+#include "msarDepthRetrievalPlugin/depthRetrievalRules.h"
+#include "msarFusedMixerPlugin/fusedMixerRules.h"
 
 #include <iostream>
 #include <sstream>
