@@ -172,7 +172,9 @@ def test_generated_headers_follow_the_contract():
         assert f"k{contract.name}FixedInputs = {contract.n_fixed_inputs};" in src
     assert f'kPluginVersion = "{PLUGIN_VERSION}";' in src and f'kPluginNamespace = "{PLUGIN_NAMESPACE}";' in src
     args = [name for name, _ in K.FusedMixerArgs._fields_]
-    assert args[args.index("conv_rows") + 1:args.index("out")] == ["stream_kernels", "n_streams", "eps"]
+    members = [m for a in FUSED_MIXER.kernel_attributes for _, m in a.kernel_members()]
+    assert args[args.index("conv_rows") + 1:args.index("out")] == members
+    assert members[:3] == ["stream_kernels", "n_streams", "eps"]
 
 
 def test_common_does_not_include_the_plugin_folders():
