@@ -34,15 +34,15 @@ else
     [ -n "${NVCC:-}" ] && defs+=("-DCMAKE_CUDA_COMPILER=$NVCC")
 fi
 
-if ! cmake -S . -B "$DIR" -G Ninja "${defs[@]}" >"$DIR.configure.log" 2>&1; then
+mkdir -p "$DIR"
+LOG="$DIR/msar-compile-check-configure.log"
+if ! cmake -S . -B "$DIR" -G Ninja "${defs[@]}" >"$LOG" 2>&1; then
     echo "FAILED: configure"
-    sed 's/^/  /' "$DIR.configure.log"
-    rm -f "$DIR.configure.log"
+    sed 's/^/  /' "$LOG"
     echo "compile_check: 0 compiled, 1 failed"
     exit 1
 fi
-skipped=$(sed -n 's/^-- msar: skipping /skipped: /p' "$DIR.configure.log")
-rm -f "$DIR.configure.log"
+skipped=$(sed -n 's/^-- msar: skipping /skipped: /p' "$LOG")
 
 compiled=0
 failed=0
