@@ -7,7 +7,7 @@ verdict (msar_export/verdict.py: error <= 4 x the eager mixer's own error at
 that precision + a floor). Then times the prefill paths and decode retrieval
 (scripts/gpu_timing.py). Prints a table and writes JSON.
 
-    python scripts/gpu_check.py --lib build/gpu_check/libmsar_kernels.so --out results.json
+    python scripts/gpu_check.py --lib build/gpu_check/cmake/libmsar_kernels.so --out results.json
     python scripts/gpu_check.py --lib LIB --sanitize     # tiny cases of every path (under compute-sanitizer)
     python scripts/gpu_check.py --lib LIB --profile      # each kernel once at a real shape (under ncu)
 

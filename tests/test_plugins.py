@@ -94,6 +94,17 @@ def test_cpp_tests_are_registered_with_ctest():
     assert {"logicTest", "nodeRules"} <= want and names == want, r.stdout
 
 
+def test_plugin_sources_are_named_explicitly(monkeypatch, tmp_path):
+    """No lookup relative to the installed package: an argument or MSAR_PLUGIN_SOURCES, else a clear error."""
+    monkeypatch.delenv(K.cmake.SOURCES_ENV, raising=False)
+    with pytest.raises(FileNotFoundError, match="MSAR_PLUGIN_SOURCES"):
+        K.plugin_sources()
+    with pytest.raises(FileNotFoundError, match="no CMakeLists.txt"):
+        K.plugin_sources(tmp_path)
+    monkeypatch.setenv(K.cmake.SOURCES_ENV, str(PLUGINS))
+    assert K.plugin_sources() == PLUGINS.resolve()
+
+
 def test_host_logic():
     r = run_cpp_test("logicTest", timeout=60)
     assert r.returncode == 0, r.stdout
