@@ -7,7 +7,8 @@ decode (KV cache + conv state, past length 0..max); float32/float16/bfloat16.
 
 - Every msar node of every graph satisfies the plugins' attribute, type and
   shape rules, computed by the plugins' TensorRT-free rule code
-  (plugins/tests/nodeRules.cpp over common/msarPluginLogic.h; needs g++).
+  (plugins/tests/nodeRules.cpp, built through plugins/CMakeLists.txt; needs g++,
+  cmake and ninja).
 - Graphs without msar nodes build; the engine's I/O tensors and their types
   (from the builder's layer report) are compared with the ONNX file's.
 - Graphs with msar nodes: without the plugin library the parser's own error
@@ -31,12 +32,14 @@ import pytest
 
 from msar_export.build import build_engine
 from msar_export.build.backends import cannot_run_reason, parse_compute_capabilities
+from msar_export import kernels as K
 from msar_export.errors import EngineError, InputError
 from msar_export.export.contracts import DOMAIN
 from msar_export.export.exporter import ExportOptions, export_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import make_checkpoint  # noqa: E402
+from plugin_build import built  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGINS = REPO / "plugins"
@@ -124,14 +127,8 @@ def dims_text(tp: onnx.TypeProto) -> str:
 
 
 @pytest.fixture(scope="module")
-def node_rules(tmp_path_factory) -> Path:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not found: cannot build the plugins' rule checker (plugins/tests/nodeRules.cpp)")
-    exe = tmp_path_factory.mktemp("rules") / "nodeRules"
-    subprocess.run([gxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{PLUGINS / 'common'}",
-                    str(PLUGINS / "tests" / "nodeRules.cpp"), "-o", str(exe)], check=True, capture_output=True)
-    return exe
+def node_rules() -> Path:
+    return built("nodeRules")
 
 
 def rule_lines(model: onnx.ModelProto) -> list[str]:
@@ -256,7 +253,7 @@ def test_build_refuses_msar_nodes_without_plugins_before_tensorrt(graphs, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def plugin_library(tmp_path_factory) -> Path:
+def plugin_library() -> Path:
     inc = os.environ.get("TENSORRT_INCLUDE_DIR")
     if not HAVE_RTX:
         pytest.skip("tensorrt_rtx is not installed")
@@ -268,13 +265,8 @@ def plugin_library(tmp_path_factory) -> Path:
     import tensorrt_rtx_libs
 
     lib = Path(tensorrt_rtx_libs.__file__).parent / "libtensorrt_rtx.so.1"
-    build = tmp_path_factory.mktemp("plugbuild")
-    for cmd in (["cmake", "-S", str(PLUGINS), "-B", str(build), f"-DTENSORRT_INCLUDE_DIR={inc}",
-                 f"-DTensorRT_NVINFER={lib}", "-DCMAKE_CUDA_ARCHITECTURES=86"],
-                ["cmake", "--build", str(build), "-j2", "--target", "msar_plugins"]):
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return build / "libmsar_plugins.so"
+    build = K.CMakeBuild(PLUGINS, tensorrt_include=inc, cuda_architectures="86", defines={"TensorRT_NVINFER": lib})
+    return build.built("msar_plugins")
 
 
 @pytest.mark.parametrize("key", graph_params(("fused", "retrieval", "custom")))

@@ -3,7 +3,7 @@
 `build_engine` needs TensorRT (imported lazily: without it the call raises
 BackendUnavailable); the metadata check and the shape profiles are plain
 Python. The msar plugin library itself lives in plugins/ (C++/CUDA), and
-`msar_export.build.kernels` is a ctypes binding of its kernels.
+`msar_export.kernels` is a ctypes binding of its kernels.
 """
 
 from .engine import BuildReport, build_engine

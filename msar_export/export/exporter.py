@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..memory import return_freed_memory
 from ..fileio import check_output_file
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
-from .functions import depth_retrieval_function, fused_mixer_function
+from .functions import function_body
 from ..graph_spec import (HIDDEN, META_CHECKPOINT, META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH,
                           META_MIXER_OP, GraphSpec)
 from .graphs import DecodeGraph, PrefillGraph, example_inputs
@@ -146,11 +146,7 @@ def attach_functions(model: ir.Model, cfg, opset: int) -> dict[str, int]:
         key = (DOMAIN, node.op_type, node.overload)
         if key in model.functions:
             continue
-        if node.op_type == "FusedMixer":
-            fn = fused_mixer_function(n, list(cfg.stream_kernels), cfg.mixer_eps, cfg.d_model, opset)
-        else:
-            fn = depth_retrieval_function(n, cfg.mixer_eps, opset)
-        model.functions[key] = fn
+        model.functions[key] = function_body(contract, n, cfg, opset)
     if counts:
         model.opset_imports[DOMAIN] = DOMAIN_VERSION
         # Functions in a stable order: (op, arity) rather than discovery order.

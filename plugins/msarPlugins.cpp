@@ -9,17 +9,18 @@
  *
  * TensorRT refuses to register a creator twice, and loadLibrary dlopens the
  * library (running the static registrars) before it calls getCreators. So
- * the build makes two flavours from the same sources (CMakeLists.txt):
+ * the build makes two flavours from the same sources (CMakeLists.txt). It sits
+ * above common/ and the plugin folders because it names both plugins:
  * libmsar_plugins.so with MSAR_STATIC_REGISTRATION=1 for dlopen users, and
  * libmsar_plugins_dynamic.so without it for loadLibrary users. Both export
  * getCreators.
  */
 #include "NvInferRuntime.h"
 
-#include "msarPluginUtils.h"
+#include "common/msarPluginUtils.h"
 
-#include "../msarDepthRetrievalPlugin/depthRetrievalPlugin.h"
-#include "../msarFusedMixerPlugin/fusedMixerPlugin.h"
+#include "msarDepthRetrievalPlugin/depthRetrievalPlugin.h"
+#include "msarFusedMixerPlugin/fusedMixerPlugin.h"
 
 #include <cstdio>
 #include <mutex>
