@@ -19,7 +19,7 @@ from .errors import InputError, MsarError
 REGISTRARS: tuple[str, ...] = (
     "msar_export.compare.cli",
     "msar_export.bench.cli",
-    "msar_export.build.cli",
+    "msar_export.engines.cli",
     "msar_export.serving.cli",
     "msar_export.interop.cli",
 )

@@ -1,4 +1,4 @@
-"""`msar-export build` and msar_export.build without TensorRT: CLI behaviour,
+"""`msar-export build` and msar_export.engines without TensorRT: CLI behaviour,
 shape profiles, ONNX preparation, engine metadata checks, and the
 build_engine flow against a stand-in `tensorrt` module (the real API calls
 were checked against TensorRT's Python bindings; they run only on a GPU
@@ -21,12 +21,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from msar_export import cli
-from msar_export.build import DimRange, build_engine, parse_profile, read_metadata, verify_engine_metadata
-from msar_export.build import engine as engine_mod
-from msar_export.build import loaders as loaders_mod
-from msar_export.build.metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
-from msar_export.build.onnx_info import read_onnx
-from msar_export.build.profiles import default_ranges, input_profiles
+from msar_export.engines import DimRange, build_engine, parse_profile, read_metadata, verify_engine_metadata
+from msar_export.engines import builder as engine_mod
+from msar_export.engines import loaders as loaders_mod
+from msar_export.engines.metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
+from msar_export.engines.onnx_info import read_onnx
+from msar_export.engines.profiles import default_ranges, input_profiles
 from msar_export.errors import BackendUnavailable, EngineError, InputError, OnnxModelError
 
 
@@ -403,7 +403,7 @@ def test_tensorrt_import_error_is_backend_unavailable(monkeypatch):
 
 
 def test_inputs_outside_the_profile_are_refused():
-    from msar_export.build.metadata import EngineMetadata, FileRecord, check_input_shapes
+    from msar_export.engines.metadata import EngineMetadata, FileRecord, check_input_shapes
     from msar_export.errors import EngineError
 
     meta = EngineMetadata("10.0", "float32", FileRecord("m.onnx", "0" * 64), [], "0" * 64,

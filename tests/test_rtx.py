@@ -30,8 +30,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from msar_export.build import build_engine
-from msar_export.build.backends import cannot_run_reason, parse_compute_capabilities
+from msar_export.engines import build_engine
+from msar_export.engines.backends import cannot_run_reason, parse_compute_capabilities
 from msar_export import kernels as K
 from msar_export.errors import EngineError, InputError
 from msar_export.export.contracts import DOMAIN
@@ -228,8 +228,8 @@ def test_graphs_without_msar_nodes_build(graphs, tmp_path, key):
 def test_msar_nodes_without_plugins_fail_with_the_parsers_error(graphs, key):
     import tensorrt_rtx as trt
 
-    from msar_export.build.loaders import NetworkFromOnnx, make_logger
-    from msar_export.build.onnx_info import read_onnx
+    from msar_export.engines.loaders import NetworkFromOnnx, make_logger
+    from msar_export.engines.onnx_info import read_onnx
 
     info = read_onnx(graphs[key])
     op = sorted(info.custom_ops)[0]
@@ -274,7 +274,7 @@ def test_custom_op_graphs_build_with_plugin_layers(graphs, plugin_library, tmp_p
     """In a subprocess: a parser that aborts (the crash this fixed) fails the test
     instead of killing pytest."""
     path, plan = graphs[key], tmp_path / "m.plan"
-    code = (f"from msar_export.build import build_engine\n"
+    code = (f"from msar_export.engines import build_engine\n"
             f"import json, sys\n"
             f"r = build_engine({str(path)!r}, {str(plan)!r}, shapes={PROFILE[key[1]]!r}, "
             f"plugin_libs=[{str(plugin_library)!r}], backend='tensorrt-rtx')\n"

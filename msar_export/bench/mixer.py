@@ -6,7 +6,6 @@ scripts/gpu_check.sh on a GPU."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 import torch
 

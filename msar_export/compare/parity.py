@@ -187,7 +187,7 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, opts: C
     if engine_path is not None:
         # The engine's build record must name this ONNX file and these plugin
         # libraries (pure Python: checked whether or not the engine can run here).
-        from ..build.metadata import verify_engine_metadata
+        from ..engines.metadata import verify_engine_metadata
 
         meta = verify_engine_metadata(engine_path, graph.path, plugins)
         trt_backend = meta.builder.get("backend", "tensorrt")
@@ -200,7 +200,7 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, opts: C
     shapes = check_shapes(o.shapes if o.shapes is not None else default_shapes(cfg), cfg)
     if meta is not None and not graph.decode:
         # Every check shape must lie inside the engine's profile.
-        from ..build.metadata import check_input_shapes
+        from ..engines.metadata import check_input_shapes
 
         for shape in shapes:
             check_input_shapes(meta, {INPUT_IDS: tuple(shape)})

@@ -1,4 +1,4 @@
-"""`msar-export build`: the command-line face of msar_export.build.build_engine.
+"""`msar-export build`: the command-line face of msar_export.engines.build_engine.
 
 Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
 
@@ -17,7 +17,7 @@ and its engines run on RTX-class GPUs. TF32 is off unless --tf32."""
 
 
 def cmd_build(a) -> int:
-    from .engine import build_engine
+    from .builder import build_engine
 
     report = build_engine(a.onnx, a.output, dtype=a.dtype, shapes=a.profile, plugin_libs=a.plugins,
                           timing_cache=a.timing_cache, workspace_gb=a.workspace_gb, verbose=a.verbose,

@@ -6,7 +6,7 @@
   built and inspected on any machine, and run only on an RTX-class GPU whose
   compute capability the engine was built for.
 
-Both expose TensorRT's Python API, so msar_export.build.loaders drives them with
+Both expose TensorRT's Python API, so msar_export.engines.loaders drives them with
 the same code; this module imports them, names what cannot run here, and works
 around the one packaging gap found so far (`prepare_rtx_parser`).
 """

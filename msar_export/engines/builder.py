@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BackendUnavailable, EngineError, InputError, OnnxModelError
+from ..errors import BackendUnavailable, InputError, OnnxModelError
 from .backends import _cc, check_compute_capabilities, get_backend, import_backend, parse_compute_capabilities
 from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
-from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.build.engine.make_logger)
+from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.engines.builder.make_logger)
 from .metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
 from .onnx_info import OnnxInfo, read_onnx
 from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_profile
