@@ -173,6 +173,14 @@ def test_generated_headers_are_current(rel):
         f"regenerate: python -m msar_export.export.contract_headers plugins  ({rel})")
 
 
+def test_readme_attribute_tables_are_current():
+    """Each plugin README's attribute table is the contract rendered (a new attribute: regenerate)."""
+    from msar_export.export.contract_headers import render_readmes
+
+    for rel, text in render_readmes(PLUGINS).items():
+        assert (PLUGINS / rel).read_text() == text, f"regenerate: python -m msar_export.export.contract_headers plugins ({rel})"
+
+
 def test_generated_headers_follow_the_contract():
     """The field table and the kernel-argument members name every attribute, in contract order."""
     src = render_headers()["common/msarOpContracts.h"]

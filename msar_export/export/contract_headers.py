@@ -9,13 +9,14 @@ committed, checked byte for byte by tests/test_plugins.py (regenerate with
   PluginField table, an attribute struct with the defaults, the field reader,
   the serialised fields and the copy into the kernel arguments.
 
-So a new attribute reaches the parser, the creator, serialisation and the
+It also renders each plugin README's attribute table.  So a new attribute reaches the parser, the creator, serialisation and the
 kernel arguments from its Attr record alone; the kernel that reads it and the
 plugin folder's validate() are the hand-written parts.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -124,9 +125,35 @@ def render_headers() -> dict[str, str]:
     return {KERNEL_ATTRS_H: render_kernel_attrs(), OP_CONTRACTS_H: render_op_contracts()}
 
 
+README = {"FusedMixer": "msarFusedMixerPlugin/README.md", "DepthRetrieval": "msarDepthRetrievalPlugin/README.md"}
+TABLE_BEGIN = "<!-- attribute table: generated from msar_export/export/contracts.py (contract_headers.py) -->"
+TABLE_END = "<!-- attribute table: end -->"
+
+
+def render_attribute_table(c: OpContract) -> str:
+    rows = [f"| `{a.name}` | {a.type} | {'required' if a.default is None else repr(a.default)} | {a.doc} |"
+            for a in c.attributes]
+    return "\n".join([TABLE_BEGIN, "| attribute | type | default | description |", "| --- | --- | --- | --- |",
+                      *rows, TABLE_END])
+
+
+def render_readmes(plugins: Path) -> dict[str, str]:
+    """{path under plugins/: text} of each plugin README with its attribute table rendered
+    from the contract (the rest of the README is written by hand)."""
+    out = {}
+    for op, rel in README.items():
+        text = (plugins / rel).read_text()
+        pattern = re.compile(re.escape(TABLE_BEGIN) + ".*?" + re.escape(TABLE_END), re.S)
+        if not pattern.search(text):
+            raise ValueError(f"{rel}: no generated attribute table ({TABLE_BEGIN!r} ... {TABLE_END!r})")
+        out[rel] = pattern.sub(lambda m: render_attribute_table(CONTRACTS[op]), text)
+    return out
+
+
 def write_headers(plugins: Path) -> list[Path]:
+    """The generated headers and the READMEs' attribute tables."""
     written = []
-    for rel, text in render_headers().items():
+    for rel, text in {**render_headers(), **render_readmes(plugins)}.items():
         path = plugins / rel
         path.write_text(text)
         written.append(path)
