@@ -10,16 +10,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from .cli_options import add_dtype, add_plugins, add_trust_pickle
 from .errors import InputError, MsarError
 
-DTYPES = ("float32", "float16", "bfloat16")
 
 # Modules that add their own subcommands: each has `register(subparsers)`,
 # imports nothing heavy at module level and sets `func` on its parser.
 REGISTRARS: tuple[str, ...] = (
     "msar_export.compare.cli",
     "msar_export.bench.cli",
-    "msar_export.build.cli",
+    "msar_export.engines.cli",
     "msar_export.serving.cli",
     "msar_export.interop.cli",
 )
@@ -28,7 +28,9 @@ REGISTRARS: tuple[str, ...] = (
 def cmd_train(a) -> int:
     from .train import DEFAULT_CONFIG, TrainSettings, train_all
 
-    settings = TrainSettings(steps=a.steps, seed=a.seed, threads=a.threads)
+    settings = TrainSettings(seed=a.seed, threads=a.threads)
+    if a.steps is not None:
+        settings.steps = a.steps
     kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
     bad = [k for k in kinds if k not in ("msar", "standard", "attnres")]
     if bad:
@@ -109,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train the default byte-level models (msar, standard, attnres) on stdlib sources")
     t.add_argument("-o", "--out", default="runs/default", help="output directory (one checkpoint per kind)")
-    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--steps", type=int, default=None, help="optimizer steps (default: TrainSettings.steps, 300)")
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--kinds", default="msar,standard,attnres", help="comma-separated residual kinds")
@@ -119,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("checkpoint", nargs="?", help="checkpoint directory")
     g.add_argument("--onnx", help="decode graph from `export --decode` (runs in ONNX Runtime instead of PyTorch)")
     g.add_argument("--engine", metavar="MODEL.plan", help="TensorRT engine of the --onnx decode graph (runs it instead)")
-    g.add_argument("--plugins", nargs="+", default=[], metavar="LIB.so", help="plugin libraries the engine needs")
+    add_plugins(g, "plugin libraries the engine needs")
     g.add_argument("--prompt", default="def ")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -127,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=2)
-    g.add_argument("--trust-pickle", action="store_true", help="allow model.pt/.bin (loaded with weights_only=True)")
+    add_trust_pickle(g)
     g.set_defaults(func=cmd_generate)
 
     e = sub.add_parser("export", help="export a checkpoint to ONNX (msar custom ops with function bodies)")
@@ -135,8 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("-o", "--output", required=True, help="output .onnx path")
     e.add_argument("--decode", action="store_true", help="incremental-decoding graph with KV cache and conv state")
     e.add_argument("--decomposed", action="store_true", help="standard ONNX ops only, no msar custom nodes")
-    e.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="weight dtype; a float32 checkpoint is converted tensor by tensor as it is read")
+    add_dtype(e, "float32", "weight dtype; a float32 checkpoint is converted tensor by tensor as it is read")
     e.add_argument("--external-data", action="store_true",
                    help="weights in OUTPUT.data beside the .onnx file (always so over protobuf's 2 GB limit)")
     e.add_argument("--opset", type=int, default=18)
@@ -144,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="msar prefill: FusedMixer nodes (TensorRT plugin path) or shared views + DepthRetrieval "
                         "nodes (faster in ONNX Runtime)")
     e.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime vs eager check after export")
-    e.add_argument("--trust-pickle", action="store_true")
+    add_trust_pickle(e)
     e.set_defaults(func=cmd_export)
 
     import importlib

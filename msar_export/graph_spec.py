@@ -107,6 +107,40 @@ class GraphSpec:
     def hidden_names(self) -> list[str]:
         return [hidden_name(l) for l in range(1, self.cfg.n_sublayers + 2)]
 
+    def feeds(self, input_ids, attention_mask=None, position_ids=None, cache=None) -> dict[str, np.ndarray]:
+        """The graph's inputs in port order (a prefill graph takes input_ids alone)."""
+        out = {INPUT_IDS: np.asarray(input_ids, np.int64)}
+        if self.decode:
+            out[ATTENTION_MASK] = np.asarray(attention_mask, np.int64)
+            out[POSITION_IDS] = np.asarray(position_ids, np.int64)
+            out.update((p.name, cache[p.name]) for p in self.cache_inputs)
+        return out
+
+    def fresh_feeds(self, input_ids, cache_dtype) -> dict[str, np.ndarray]:
+        """A whole prompt with nothing before it: full mask, positions 0.., empty caches."""
+        ids = np.asarray(input_ids, np.int64)
+        if not self.decode:
+            return self.feeds(ids)
+        batch, seq = ids.shape
+        return self.feeds(ids, np.ones((batch, seq), np.int64), np.tile(np.arange(seq, dtype=np.int64), (batch, 1)),
+                          self.empty_cache(batch, cache_dtype))
+
+    def torch_dynamic_shapes(self) -> dict:
+        """torch.export's dynamic_shapes for the traced graph modules (export/graphs.py),
+        whose forward takes the non-cache inputs by name and the caches as *past.  The
+        mask length (past + seq) is left to torch.export (AUTO), which derives it."""
+        from torch.export import Dim
+
+        dims = {"batch": Dim("batch"), "seq": Dim("seq"), "past": Dim("past"), "past + seq": Dim.AUTO}
+
+        def axes(port: Port) -> dict:
+            return {i: dims[a] for i, a in enumerate(port.axes) if isinstance(a, str)}
+
+        shapes = {p.name: axes(p) for p in self.inputs if p.kind != "cache"}
+        if self.decode:
+            shapes["past"] = tuple(axes(p) for p in self.cache_inputs)
+        return shapes
+
     def empty_cache(self, batch: int, dtype) -> dict[str, np.ndarray]:
         """The past inputs for `batch` rows and no past tokens (every backend's start)."""
         return {p.name: np.zeros([batch if a == "batch" else 0 if a == "past" else a for a in p.axes], dtype)

@@ -22,7 +22,7 @@ with atheris.instrument_imports():
     from msar_export.checkpoint import load_checkpoint
     from msar_export.config import MSARConfig
     from msar_export.errors import MsarError
-    from msar_export.onnx_file import inspect_onnx
+    from msar_export.graph_file import ExportedGraph
     from msar_export.untrusted import contained
 
 import numpy as np
@@ -67,7 +67,7 @@ def onnx_input(fdp) -> None:
             if "\n" in str(e):
                 raise AssertionError(f"multi-line user error: {e!r}") from None
     try:
-        inspect_onnx(path)
+        ExportedGraph.open(path, weights=True)
     except MsarError as e:
         if "\n" in str(e):
             raise AssertionError(f"multi-line user error: {e!r}") from None

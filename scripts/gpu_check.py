@@ -7,7 +7,7 @@ verdict (msar_export/verdict.py: error <= 4 x the eager mixer's own error at
 that precision + a floor). Then times the prefill paths and decode retrieval
 (scripts/gpu_timing.py). Prints a table and writes JSON.
 
-    python scripts/gpu_check.py --lib build/gpu_check/libmsar_kernels.so --out results.json
+    python scripts/gpu_check.py --lib build/gpu_check/cmake/libmsar_kernels.so --out results.json
     python scripts/gpu_check.py --lib LIB --sanitize     # tiny cases of every path (under compute-sanitizer)
     python scripts/gpu_check.py --lib LIB --profile      # each kernel once at a real shape (under ncu)
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from msar_export import verdict
-from msar_export.build.kernels import (KernelLibrary, eager_depth_retrieval, eager_fused_mixer,
+from msar_export.kernels import (KernelLibrary, eager_depth_retrieval, eager_fused_mixer,
                                        random_fused_mixer_inputs, reference_depth_retrieval64,
                                        reference_fused_mixer64, rel_err)
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of the msar plugin kernels, one call under 10 minutes, for a machine
 # with an NVIDIA GPU, nvcc and PyTorch (TensorRT not needed):
-#   1. builds plugins/*Kernel.cu for the GPU that is here (nvcc, ptxas -v kept),
+#   1. builds the msar_kernels target of plugins/CMakeLists.txt for the GPU that is here
+#      (cmake + ninja + nvcc, ptxas -v kept),
 #   2. checks every launch path against float64 with msar_export/verdict.py
 #      (tile, split sources, warp kernel, scalar loads, 97-256 sources, d 8192,
 #      decode retrieval), then times FusedMixer against cached-view
@@ -46,22 +47,18 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $((BUDGET - SECONDS)); }
 status=0
 
-# 1. Build, both kernel files at once, for the compute capability torch reports.
+# 1. Build the msar_kernels target of plugins/CMakeLists.txt for the compute capability torch reports.
 ARCH=$("$PY" -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}')")
-LIB="$DIR/libmsar_kernels.so"
+BUILD="$DIR/cmake"
+LIB="$BUILD/libmsar_kernels.so"
 note "# building $LIB for sm_$ARCH"
-for src in plugins/msarFusedMixerPlugin/fusedMixerKernel.cu plugins/msarDepthRetrievalPlugin/depthRetrievalKernel.cu; do
-    obj="$DIR/$(basename "$src" .cu).o"
-    "$NVCC" -O3 -std=c++17 -c -Xcompiler -fPIC -lineinfo -Xptxas -v -gencode "arch=compute_$ARCH,code=sm_$ARCH" \
-        -Iplugins/common "$src" -o "$obj" >"$obj.log" 2>&1 &
-done
-wait
-cat "$DIR"/*.o.log >"$DIR/ptxas.txt"
-if ! "$NVCC" -shared "$DIR"/fusedMixerKernel.o "$DIR"/depthRetrievalKernel.o -o "$LIB" >"$DIR/build.log" 2>&1; then
-    note "FAILED: build (see $DIR/ptxas.txt, $DIR/build.log)"
+if ! { cmake -S plugins -B "$BUILD" -G Ninja "-DCMAKE_CUDA_COMPILER=$(command -v "$NVCC")" \
+         "-DCMAKE_CUDA_ARCHITECTURES=$ARCH-real" -DMSAR_PTXAS_VERBOSE=ON -DTENSORRT_INCLUDE_DIR= \
+       && cmake --build "$BUILD" --target msar_kernels; } >"$DIR/build.log" 2>&1; then
+    note "FAILED: build (see $DIR/build.log)"
     exit 1
 fi
-grep -E "error" "$DIR/ptxas.txt" && { note "FAILED: build"; exit 1; }
+grep -E "ptxas|registers|spill|bytes stack" "$DIR/build.log" >"$DIR/ptxas.txt"
 note "# built in ${SECONDS} s; registers and spills per kernel: $DIR/ptxas.txt"
 
 # 2. Correctness against float64, then timing (the script stops starting timed cases at its own budget).

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from msar_export.build.kernels import random_fused_mixer_inputs
+from msar_export.kernels import random_fused_mixer_inputs
 from msar_export.model.mixing import stream_fusion
 
 

@@ -1,4 +1,4 @@
-"""`msar-export build` and msar_export.build without TensorRT: CLI behaviour,
+"""`msar-export build` and msar_export.engines without TensorRT: CLI behaviour,
 shape profiles, ONNX preparation, engine metadata checks, and the
 build_engine flow against a stand-in `tensorrt` module (the real API calls
 were checked against TensorRT's Python bindings; they run only on a GPU
@@ -21,12 +21,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from msar_export import cli
-from msar_export.build import DimRange, build_engine, parse_shapes, read_metadata, verify_engine_metadata
-from msar_export.build import engine as engine_mod
-from msar_export.build import loaders as loaders_mod
-from msar_export.build.metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
-from msar_export.build.onnx_info import read_onnx
-from msar_export.build.profiles import default_ranges, input_profiles
+from msar_export.engines import DimRange, build_engine, parse_profile, read_metadata, verify_engine_metadata
+from msar_export.engines import builder as engine_mod
+from msar_export.engines import loaders as loaders_mod
+from msar_export.engines.metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
+from msar_export.engines.onnx_info import read_onnx
+from msar_export.engines.profiles import default_ranges, input_profiles
 from msar_export.errors import BackendUnavailable, EngineError, InputError, OnnxModelError
 
 
@@ -95,7 +95,7 @@ def test_build_user_errors_come_before_tensorrt(tmp_path, monkeypatch, capsys):
     model = tiny_onnx(tmp_path / "m.onnx")
     assert cli.main(["build", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "m.plan")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert cli.main(["build", str(model), "-o", str(tmp_path / "m.plan"), "--shapes", "batch=1/8/4"]) == 2
+    assert cli.main(["build", str(model), "-o", str(tmp_path / "m.plan"), "--profile", "batch=1/8/4"]) == 2
     assert "min <= opt <= max" in capsys.readouterr().err
     assert cli.main(["build", str(model), "-o", str(tmp_path / "m.plan"), "--plugins", "nope.so"]) == 2
     assert "plugin library" in capsys.readouterr().err
@@ -105,16 +105,16 @@ def test_build_user_errors_come_before_tensorrt(tmp_path, monkeypatch, capsys):
 # Profiles and ONNX preparation
 
 
-def test_parse_shapes():
-    assert parse_shapes(["batch=1/4/8,seq=1/128/512", "past=0/0/16"]) == {
+def test_parse_profile():
+    assert parse_profile(["batch=1/4/8,seq=1/128/512", "past=0/0/16"]) == {
         "batch": DimRange(1, 4, 8), "seq": DimRange(1, 128, 512), "past": DimRange(0, 0, 16)}
     for bad in ("batch=1/4", "width=1/2/3", "batch=a/b/c", "seq=4/2/8", "batch"):
         with pytest.raises(InputError):
-            parse_shapes(bad)
+            parse_profile(bad)
 
 
 def test_input_profiles_follow_dim_names():
-    ranges = {**default_ranges("decode", 64), **parse_shapes("batch=1/2/4,seq=1/1/16,past=0/32/48")}
+    ranges = {**default_ranges("decode", 64), **parse_profile("batch=1/2/4,seq=1/1/16,past=0/32/48")}
     p = input_profiles([("input_ids", ["batch", "seq"]), ("attention_mask", ["batch", "past + seq"]),
                         ("past_conv_state", [5, "batch", 11, 40])], ranges)
     assert p["input_ids"] == {"min": [1, 1], "opt": [2, 1], "max": [4, 16]}
@@ -403,7 +403,7 @@ def test_tensorrt_import_error_is_backend_unavailable(monkeypatch):
 
 
 def test_inputs_outside_the_profile_are_refused():
-    from msar_export.build.metadata import EngineMetadata, FileRecord, check_input_shapes
+    from msar_export.engines.metadata import EngineMetadata, FileRecord, check_input_shapes
     from msar_export.errors import EngineError
 
     meta = EngineMetadata("10.0", "float32", FileRecord("m.onnx", "0" * 64), [], "0" * 64,

@@ -135,6 +135,25 @@ def test_faithful_export_passes(faithful):
         assert trt.status == "skipped" and trt.reason == why
 
 
+def test_check_parses_the_graph_once(faithful, monkeypatch, capsys):
+    """`msar-export check` opens the ONNX file once (ExportedGraph); ONNX Runtime then
+    loads it itself.  No other reader (onnx.load, Polygraphy's loaders) parses it again."""
+    import msar_export.graph_file as graph_file
+
+    ckpt, onnx_path, _ = faithful
+    parses, real_parse = [], graph_file._parse
+    monkeypatch.setattr(graph_file, "_parse", lambda path, weights: parses.append(path) or real_parse(path, weights))
+
+    def no_other_reader(*args, **kwargs):
+        raise AssertionError("the graph was parsed outside ExportedGraph.open")
+
+    monkeypatch.setattr(onnx, "load", no_other_reader)
+    monkeypatch.setattr(onnx, "load_model", no_other_reader)
+    assert main(["check", str(ckpt), "--onnx", str(onnx_path), "--no-trt", "--shapes", "1x9"]) == 0
+    assert parses == [onnx_path], parses
+    assert "PASS" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_injected_fault_names_its_first_layer(fault, faithful, tmp_path):
     ckpt, onnx_path, _ = faithful

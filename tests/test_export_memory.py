@@ -86,13 +86,13 @@ def test_skeleton_leaves_out_the_weights_and_points_at_them_in_the_file(inline_a
 
 def test_truncated_file_is_one_clear_error(inline_and_external, tmp_path):
     from msar_export.errors import OnnxModelError
-    from msar_export.onnx_file import inspect_onnx
+    from msar_export.graph_file import ExportedGraph
 
     inline, _ = inline_and_external
     cut = tmp_path / "cut.onnx"
     cut.write_bytes(inline.path.read_bytes()[: inline.file_bytes // 2])
     with pytest.raises(OnnxModelError, match="truncated"):
-        inspect_onnx(cut, weights=False)
+        ExportedGraph.open(cut)
 
 
 def test_float64_reference_one_sublayer_at_a_time_is_model_double(ckpt):

@@ -30,6 +30,10 @@ def test_exported_decode_graph_is_the_spec(tmp_path, residual):
     dec = OrtDecoder(path)
     cache = spec.empty_cache(2, np.float32)
     assert set(cache) == {p.name for p in spec.cache_inputs}
+    # The standalone runner (Triton's copy has no graph_spec) goes by port order: the spec's.
+    assert dec.ort.input_names == spec.input_names and dec.ort.output_names == spec.output_names
+    assert dec.ort.next_cache_names == spec.past_of_present
+    assert {k: v.shape for k, v in dec.ort.empty_cache(2).items()} == {k: v.shape for k, v in cache.items()}
     ids = np.zeros((2, 3), np.int64)
     logits, nxt = dec.step(ids, np.ones((2, 3), np.int64), np.tile(np.arange(3), (2, 1)), cache)
     assert set(nxt) == set(cache) and logits.shape == (2, 3, cfg_dict["vocab_size"])
@@ -43,3 +47,29 @@ def test_prefill_spec_and_hidden_names():
     assert spec.hidden_names[0] == hidden_name(1) and hidden_index(spec.hidden_names[-1]) == cfg.n_sublayers + 1
     assert hidden_index("hidden.") is None and hidden_index("logits") is None and hidden_index("hidden.1x") is None
     assert spec.next_cache({"logits": 1}) == {}
+
+
+def test_graph_file_names_the_msar_domain_as_the_contracts_do():
+    from msar_export.export.contracts import DOMAIN
+    from msar_export.graph_file import DOMAIN as GRAPH_FILE_DOMAIN
+
+    assert GRAPH_FILE_DOMAIN == DOMAIN
+
+
+@pytest.mark.parametrize("residual", ["msar", "standard"])
+def test_feeds_and_torch_dims_follow_the_ports(residual):
+    cfg = MSARConfig(n_blocks=3, residual=residual)
+    dec, pre = GraphSpec(cfg, decode=True), GraphSpec(cfg, decode=False)
+    ids = np.zeros((2, 5), np.int64)
+    feeds = dec.fresh_feeds(ids, np.float16)
+    assert list(feeds) == dec.input_names
+    assert feeds["attention_mask"].shape == (2, 5) and feeds["position_ids"][1].tolist() == [0, 1, 2, 3, 4]
+    assert all(feeds[p.name].dtype == np.float16 for p in dec.cache_inputs)
+    assert all(feeds[p.name].shape[2] == 0 for p in dec.cache_inputs if p.name.startswith("past_key_values"))
+    assert list(pre.fresh_feeds(ids, None)) == ["input_ids"]
+    with pytest.raises(KeyError):  # a cache the spec names but the caller lacks
+        dec.feeds(ids, feeds["attention_mask"], feeds["position_ids"], {})
+    dims = dec.torch_dynamic_shapes()
+    assert list(dims) == ["input_ids", "attention_mask", "position_ids", "past"]
+    assert len(dims["past"]) == len(dec.cache_inputs)
+    assert list(pre.torch_dynamic_shapes()) == ["input_ids"]

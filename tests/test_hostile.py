@@ -149,7 +149,7 @@ def test_repository_carries_a_copy_of_the_data_and_the_original_stays_usable(tmp
 
 
 def test_manifest_entries_cannot_point_outside_the_repository(tmp_path):
-    from msar_export.serving.repo import verify_repo
+    from msar_export.serving.repository.writer import verify_repo
 
     (tmp_path / "outside.txt").write_text("x")
     repo = tmp_path / "repo"
@@ -346,7 +346,7 @@ def test_check_shapes_bounded_and_non_empty(tmp_path):
 
 def test_loadtest_loopback_is_an_exact_match():
     from msar_export.errors import InputError
-    from msar_export.serving.loadtest import check_loopback
+    from msar_export.serving.load.loadtest import check_loopback
 
     for ok in ("http://127.0.0.1:8000", "grpc://127.0.0.2:8001", "http://localhost:8000", "http://[::1]:8000"):
         check_loopback(ok)
@@ -366,7 +366,7 @@ def test_serving_repository_carries_external_data_and_the_original_stays_checkab
     from msar_export.config import MSARConfig
     from msar_export.export import ExportOptions, export_checkpoint
     from msar_export.runtime import OrtModel
-    from msar_export.serving.repo import build_serving_repo, build_stock_repo, verify_repo
+    from msar_export.serving.repository.writer import build_serving_repo, build_stock_repo, verify_repo
 
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_ABOVE", 1024)
     src = tmp_path / "src" / "prefill.onnx"

@@ -14,25 +14,20 @@ Index arithmetic beyond 2^31 elements: plugins/tests/indexTest.cpp.
 from __future__ import annotations
 
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
+from plugin_build import emulation, run_cpp_test
 
-from msar_export.build import kernels as K
+from msar_export import kernels as K
 
-PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 MAIN = [1, 4, 8, 12]
 BOUND = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
 @pytest.fixture(scope="module")
-def emulated(tmp_path_factory):
-    reason = K.emulation_unavailable()
-    if reason:
-        pytest.skip(f"the CPU emulation of the kernels cannot be built: {reason}")
-    return K.KernelLibrary(K.compile_emulation_library(tmp_path_factory.mktemp("emu") / "libmsar_emu.so"))
+def emulated():
+    return emulation()
 
 
 def unsplit(lib, inp) -> torch.Tensor:
@@ -47,15 +42,8 @@ def mixer_error(lib, inp, split: bool = True) -> float:
     return K.rel_err(got, K.reference_fused_mixer64(**inp))
 
 
-def test_index_math_and_plans_beyond_2_31(tmp_path):
-    reason = K.emulation_unavailable()
-    if reason:
-        pytest.skip(reason)
-    exe = tmp_path / "indexTest"
-    subprocess.run(["g++", "-std=c++20", "-pthread", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", "-isystem",
-                    str(K.cuda_include_dir()), str(PLUGINS / "tests" / "indexTest.cpp"), "-o", str(exe)],
-                   check=True, capture_output=True)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+def test_index_math_and_plans_beyond_2_31():
+    r = run_cpp_test("indexTest", timeout=60)
     assert r.returncode == 0, r.stdout
     assert re.fullmatch(r"indexTest: \d+ checks passed\n", r.stdout)
 

@@ -18,110 +18,104 @@ from pathlib import Path
 
 import pytest
 import torch
+from plugin_build import PLUGINS, cmake_build, emulation, run_cpp_test, trt_headers
 
-from msar_export.build import kernels as K
+from msar_export import kernels as K
+from msar_export.export.contract_headers import render_headers
 from msar_export.export.contracts import CONTRACTS, DEPTH_RETRIEVAL, FUSED_MIXER, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
-REPO = Path(__file__).resolve().parent.parent
-PLUGINS = REPO / "plugins"
+REPO = PLUGINS.parent
 README = {"FusedMixer": PLUGINS / "msarFusedMixerPlugin" / "README.md",
           "DepthRetrieval": PLUGINS / "msarDepthRetrievalPlugin" / "README.md"}
-GLUE = ["common/msarPlugins.cpp", "msarFusedMixerPlugin/fusedMixerPlugin.cpp",
-        "msarDepthRetrievalPlugin/depthRetrievalPlugin.cpp"]
-KERNELS = ["msarFusedMixerPlugin/fusedMixerKernel.cu", "msarDepthRetrievalPlugin/depthRetrievalKernel.cu"]
+NO_HEADERS = "skipped: the plugin glue, its libraries and glueTest (no TensorRT headers: set TENSORRT_INCLUDE_DIR"
 
 
-def trt_headers() -> str | None:
-    inc = os.environ.get("TENSORRT_INCLUDE_DIR")
-    return inc if inc and (Path(inc) / "NvInferRuntime.h").is_file() else None
-
-
-def gxx_with_cxx20() -> str | None:
-    """g++ >= 11 (std::barrier, used by the CPU emulation), or None."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        return None
-    out = subprocess.run([gxx, "-dumpversion"], capture_output=True, text=True).stdout.strip()
-    return gxx if out and int(out.split(".")[0]) >= 11 else None
-
-
-def run_compile_check(env_updates: dict) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TENSORRT_INCLUDE_DIR"}
+def run_compile_check(env_updates: dict, build_dir: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("TENSORRT_INCLUDE_DIR", "MSAR_BUILD_DIR")}
+    if build_dir is not None:  # kept between runs: an unchanged tree is not compiled again
+        env["MSAR_BUILD_DIR"] = str(build_dir)
     env.update(env_updates)
-    return subprocess.run([str(PLUGINS / "compile_check.sh")], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([str(PLUGINS / "compile_check.sh")], capture_output=True, text=True, env=env, timeout=600)
+
+
+def compile_check_dir(tag: str) -> Path:
+    return cmake_build().dir.with_name(cmake_build().dir.name + f"-compile-check-{tag}")
 
 
 # ---------------------------------------------------------------------------
-# Compilation
+# Compilation (plugins/compile_check.sh over the CMake project)
 
 
 @pytest.fixture(scope="module")
 def compile_check_without_headers():
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not found: the CUDA kernels cannot be compiled here")
-    return run_compile_check({})
+    return run_compile_check({}, compile_check_dir("kernels"))
 
 
 def test_kernels_compile_with_nvcc_for_sm80_and_sm90(compile_check_without_headers):
     r = compile_check_without_headers
     assert r.returncode == 0, r.stdout + r.stderr
-    for src in KERNELS:
-        for arch in ("sm_80", "sm_90"):
-            assert f"compiled: {src} ({arch})" in r.stdout.splitlines(), r.stdout
+    assert "compiled: msar_kernel_objects (sm_80 sm_90)" in r.stdout.splitlines(), r.stdout
 
 
 def test_compile_check_skips_glue_without_headers(compile_check_without_headers):
     lines = compile_check_without_headers.stdout.splitlines()
-    assert f"skipped: {' '.join(GLUE)} (no TensorRT headers: set TENSORRT_INCLUDE_DIR)" in lines
+    assert any(line.startswith(NO_HEADERS) for line in lines), lines
     assert not any(line.startswith("FAILED") for line in lines)
 
 
 def test_compile_check_reports_a_compile_error():
-    """Negative control: a compiler that fails must make the script fail."""
-    r = run_compile_check({"NVCC": "false", "MSAR_CUDA_ARCHS": "80"})
+    """Negative control: a CUDA compiler that fails must make the script fail, not skip the kernels."""
+    r = run_compile_check({"NVCC": "/bin/false", "MSAR_CUDA_ARCHS": "80"})
     assert r.returncode != 0
-    assert f"FAILED: {KERNELS[0]} (sm_80)" in r.stdout
+    assert "FAILED: configure" in r.stdout.splitlines()
 
 
 def test_glue_compiles_against_tensorrt_headers():
     inc = trt_headers()
     if inc is None:
         pytest.skip("set TENSORRT_INCLUDE_DIR to the TensorRT include/ folder to compile the plugin glue")
-    r = run_compile_check({"TENSORRT_INCLUDE_DIR": inc, "MSAR_CUDA_ARCHS": "none"})
+    r = run_compile_check({"TENSORRT_INCLUDE_DIR": inc, "MSAR_CUDA_ARCHS": "none"}, compile_check_dir("glue"))
     assert r.returncode == 0, r.stdout
-    for src in GLUE:
-        assert f"compiled: {src} (TensorRT headers)" in r.stdout.splitlines()
+    assert "compiled: msar_glue_objects (TensorRT headers)" in r.stdout.splitlines()
 
 
 # ---------------------------------------------------------------------------
-# Host-side logic (plugins/common/msarPluginLogic.h) and the glue, built with g++
+# The C++ tests (CTest targets of plugins/CMakeLists.txt)
 
 
-def test_host_logic(tmp_path):
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not found")
-    exe = tmp_path / "logicTest"
-    subprocess.run([gxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{PLUGINS / 'common'}",
-                    str(PLUGINS / "tests" / "logicTest.cpp"), "-o", str(exe)], check=True, capture_output=True)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+def test_cpp_tests_are_registered_with_ctest():
+    build = cmake_build(with_tensorrt=trt_headers() is not None)
+    build.configure()
+    r = subprocess.run(["ctest", "--test-dir", str(build.dir), "-N"], capture_output=True, text=True, timeout=60)
+    names = set(re.findall(r"Test +#\d+: (\w+)", r.stdout))
+    want = {t for t in ("logicTest", "nodeRules", "indexTest", "glueTest") if build.has_target(t)}
+    assert {"logicTest", "nodeRules"} <= want and names == want, r.stdout
+
+
+def test_plugin_sources_are_named_explicitly(monkeypatch, tmp_path):
+    """No lookup relative to the installed package: an argument or MSAR_PLUGIN_SOURCES, else a clear error."""
+    monkeypatch.delenv(K.cmake.SOURCES_ENV, raising=False)
+    with pytest.raises(FileNotFoundError, match="MSAR_PLUGIN_SOURCES"):
+        K.plugin_sources()
+    with pytest.raises(FileNotFoundError, match="no CMakeLists.txt"):
+        K.plugin_sources(tmp_path)
+    monkeypatch.setenv(K.cmake.SOURCES_ENV, str(PLUGINS))
+    assert K.plugin_sources() == PLUGINS.resolve()
+
+
+def test_host_logic():
+    r = run_cpp_test("logicTest", timeout=60)
     assert r.returncode == 0, r.stdout
     assert re.fullmatch(r"logicTest: \d+ checks passed\n", r.stdout)
 
 
-def test_glue_drives_plugins_on_emulated_kernels(tmp_path):
+def test_glue_drives_plugins_on_emulated_kernels():
     """IPluginV3 calls as TensorRT makes them, enqueue on the CPU build of the kernels."""
-    inc, gxx, cuda = trt_headers(), gxx_with_cxx20(), K.cuda_include_dir()
-    if inc is None:
+    if trt_headers() is None:
         pytest.skip("set TENSORRT_INCLUDE_DIR to the TensorRT include/ folder to test the plugin glue")
-    if gxx is None or cuda is None:
-        pytest.skip("needs g++ >= 11 and the CUDA headers")
-    exe = tmp_path / "glueTest"
-    sources = ["tests/glueTest.cpp", "tests/emulationLib.cpp", *GLUE]
-    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
-                    "-DMSAR_STATIC_REGISTRATION=0", "-isystem", inc, "-isystem", str(cuda),
-                    *[str(PLUGINS / s) for s in sources], "-o", str(exe)], check=True, capture_output=True)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    r = run_cpp_test("glueTest", with_tensorrt=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.fullmatch(r"glueTest: \d+ checks passed\n", r.stdout)
 
@@ -172,18 +166,39 @@ def test_readme_parser_sees_a_drift(tmp_path):
     assert ["gate_bias", "[m, 1]"] == rows[2][:2]
 
 
-def test_cpp_constants_match_contract():
-    src = (PLUGINS / "common" / "msarPluginLogic.h").read_text()
+@pytest.mark.parametrize("rel", sorted(render_headers()))
+def test_generated_headers_are_current(rel):
+    """plugins/common/msarOpContracts.h and msarKernelAttrs.h are contracts.py rendered, byte for byte."""
+    assert (PLUGINS / rel).read_bytes() == render_headers()[rel].encode(), (
+        f"regenerate: python -m msar_export.export.contract_headers plugins  ({rel})")
+
+
+def test_readme_attribute_tables_are_current():
+    """Each plugin README's attribute table is the contract rendered (a new attribute: regenerate)."""
+    from msar_export.export.contract_headers import render_readmes
+
+    for rel, text in render_readmes(PLUGINS).items():
+        assert (PLUGINS / rel).read_text() == text, f"regenerate: python -m msar_export.export.contract_headers plugins ({rel})"
+
+
+def test_generated_headers_follow_the_contract():
+    """The field table and the kernel-argument members name every attribute, in contract order."""
+    src = render_headers()["common/msarOpContracts.h"]
     kinds = {"INTS": "kINT32", "INT": "kINT32", "FLOAT": "kFLOAT32", "STRING": "kCHAR"}
-    for contract, array in ((FUSED_MIXER, "kFusedMixerFields"), (DEPTH_RETRIEVAL, "kDepthRetrievalFields")):
-        body = re.search(array + r"\[\] = \{(.*?)\n\};", src, re.S).group(1)
-        fields = re.findall(r'\{"(\w+)", FieldKind::(\w+)\}', body)
-        assert fields == [(a.name, kinds[a.type]) for a in contract.attributes]
-    assert f'kFusedMixerFixedInputs = {FUSED_MIXER.n_fixed_inputs};' in src
-    assert f'kDepthRetrievalFixedInputs = {DEPTH_RETRIEVAL.n_fixed_inputs};' in src
-    assert f'kPluginVersion = "{PLUGIN_VERSION}";' in src
-    assert f'kPluginNamespace = "{PLUGIN_NAMESPACE}";' in src
-    assert f'kFusedMixerName = "{FUSED_MIXER.name}";' in src and f'kDepthRetrievalName = "{DEPTH_RETRIEVAL.name}";' in src
+    for contract in (FUSED_MIXER, DEPTH_RETRIEVAL):
+        body = re.search(f"k{contract.name}Fields" + r"\[\] = \{(.*?)\n\};", src, re.S).group(1)
+        assert re.findall(r'\{"(\w+)", FieldKind::(\w+)\}', body) == [(a.name, kinds[a.type]) for a in contract.attributes]
+        assert f"k{contract.name}FixedInputs = {contract.n_fixed_inputs};" in src
+    assert f'kPluginVersion = "{PLUGIN_VERSION}";' in src and f'kPluginNamespace = "{PLUGIN_NAMESPACE}";' in src
+    args = [name for name, _ in K.FusedMixerArgs._fields_]
+    members = [m for a in FUSED_MIXER.kernel_attributes for _, m in a.kernel_members()]
+    assert args[args.index("conv_rows") + 1:args.index("out")] == members
+    assert members[:3] == ["stream_kernels", "n_streams", "eps"]
+
+
+def test_common_does_not_include_the_plugin_folders():
+    for path in (PLUGINS / "common").iterdir():
+        assert not re.search(r'#include "\.\./msar\w+Plugin/', path.read_text()), path.name
 
 
 # ---------------------------------------------------------------------------
@@ -191,10 +206,8 @@ def test_cpp_constants_match_contract():
 
 
 @pytest.fixture(scope="module")
-def emulated(tmp_path_factory):
-    if gxx_with_cxx20() is None or K.cuda_include_dir() is None:
-        pytest.skip("the CPU emulation of the kernels needs g++ >= 11 and the CUDA headers (no GPU)")
-    return K.KernelLibrary(K.compile_emulation_library(tmp_path_factory.mktemp("emu") / "libmsar_emu.so"))
+def emulated():
+    return emulation()
 
 
 FUSED_CASES = [  # (n, stream_kernels, B, T, d): every stream bucket (2/4/8), odd d, n = 1, T < tile

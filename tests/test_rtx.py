@@ -7,7 +7,8 @@ decode (KV cache + conv state, past length 0..max); float32/float16/bfloat16.
 
 - Every msar node of every graph satisfies the plugins' attribute, type and
   shape rules, computed by the plugins' TensorRT-free rule code
-  (plugins/tests/nodeRules.cpp over common/msarPluginLogic.h; needs g++).
+  (plugins/tests/nodeRules.cpp, built through plugins/CMakeLists.txt; needs g++,
+  cmake and ninja).
 - Graphs without msar nodes build; the engine's I/O tensors and their types
   (from the builder's layer report) are compared with the ONNX file's.
 - Graphs with msar nodes: without the plugin library the parser's own error
@@ -29,14 +30,16 @@ from pathlib import Path
 import onnx
 import pytest
 
-from msar_export.build import build_engine
-from msar_export.build.backends import cannot_run_reason, parse_compute_capabilities
+from msar_export.engines import build_engine
+from msar_export.engines.backends import cannot_run_reason, parse_compute_capabilities
+from msar_export import kernels as K
 from msar_export.errors import EngineError, InputError
 from msar_export.export.contracts import DOMAIN
 from msar_export.export.exporter import ExportOptions, export_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import make_checkpoint  # noqa: E402
+from plugin_build import built  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGINS = REPO / "plugins"
@@ -124,14 +127,8 @@ def dims_text(tp: onnx.TypeProto) -> str:
 
 
 @pytest.fixture(scope="module")
-def node_rules(tmp_path_factory) -> Path:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not found: cannot build the plugins' rule checker (plugins/tests/nodeRules.cpp)")
-    exe = tmp_path_factory.mktemp("rules") / "nodeRules"
-    subprocess.run([gxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{PLUGINS / 'common'}",
-                    str(PLUGINS / "tests" / "nodeRules.cpp"), "-o", str(exe)], check=True, capture_output=True)
-    return exe
+def node_rules() -> Path:
+    return built("nodeRules")
 
 
 def rule_lines(model: onnx.ModelProto) -> list[str]:
@@ -231,8 +228,8 @@ def test_graphs_without_msar_nodes_build(graphs, tmp_path, key):
 def test_msar_nodes_without_plugins_fail_with_the_parsers_error(graphs, key):
     import tensorrt_rtx as trt
 
-    from msar_export.build.loaders import NetworkFromOnnx, make_logger
-    from msar_export.build.onnx_info import read_onnx
+    from msar_export.engines.loaders import NetworkFromOnnx, make_logger
+    from msar_export.engines.onnx_info import read_onnx
 
     info = read_onnx(graphs[key])
     op = sorted(info.custom_ops)[0]
@@ -256,7 +253,7 @@ def test_build_refuses_msar_nodes_without_plugins_before_tensorrt(graphs, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def plugin_library(tmp_path_factory) -> Path:
+def plugin_library() -> Path:
     inc = os.environ.get("TENSORRT_INCLUDE_DIR")
     if not HAVE_RTX:
         pytest.skip("tensorrt_rtx is not installed")
@@ -268,13 +265,8 @@ def plugin_library(tmp_path_factory) -> Path:
     import tensorrt_rtx_libs
 
     lib = Path(tensorrt_rtx_libs.__file__).parent / "libtensorrt_rtx.so.1"
-    build = tmp_path_factory.mktemp("plugbuild")
-    for cmd in (["cmake", "-S", str(PLUGINS), "-B", str(build), f"-DTENSORRT_INCLUDE_DIR={inc}",
-                 f"-DTensorRT_NVINFER={lib}", "-DCMAKE_CUDA_ARCHITECTURES=86"],
-                ["cmake", "--build", str(build), "-j2", "--target", "msar_plugins"]):
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return build / "libmsar_plugins.so"
+    build = K.CMakeBuild(PLUGINS, tensorrt_include=inc, cuda_architectures="86", defines={"TensorRT_NVINFER": lib})
+    return build.built("msar_plugins")
 
 
 @pytest.mark.parametrize("key", graph_params(("fused", "retrieval", "custom")))
@@ -282,7 +274,7 @@ def test_custom_op_graphs_build_with_plugin_layers(graphs, plugin_library, tmp_p
     """In a subprocess: a parser that aborts (the crash this fixed) fails the test
     instead of killing pytest."""
     path, plan = graphs[key], tmp_path / "m.plan"
-    code = (f"from msar_export.build import build_engine\n"
+    code = (f"from msar_export.engines import build_engine\n"
             f"import json, sys\n"
             f"r = build_engine({str(path)!r}, {str(plan)!r}, shapes={PROFILE[key[1]]!r}, "
             f"plugin_libs=[{str(plugin_library)!r}], backend='tensorrt-rtx')\n"
@@ -324,7 +316,7 @@ def test_check_engine_verifies_metadata_and_says_it_did_not_run(graphs, tmp_path
         pytest.skip("an RTX-class GPU is present: the engine would run")
     onnx_path, plan = graphs[key], tmp_path / "m.plan"
     shapes = "batch=1/1/4,seq=1/8/64" if key[1] == "prefill" else PROFILE["decode"]
-    assert main(["build", str(onnx_path), "-o", str(plan), "--backend", "tensorrt-rtx", "--shapes", shapes]) == 0
+    assert main(["build", str(onnx_path), "-o", str(plan), "--backend", "tensorrt-rtx", "--profile", shapes]) == 0
     out = capsys.readouterr().out
     assert "TensorRT-RTX 1." in out and "tf32: off" in out
     ckpt = graphs[("ckpt", key[0])]
@@ -376,7 +368,7 @@ def test_generate_engine_decode_loop(graphs, tmp_path, capsys):
 
     onnx_path, plan = graphs[("attnres", "decode", "decomposed", "float32")], tmp_path / "d.plan"
     assert main(["build", str(onnx_path), "-o", str(plan), "--backend", "tensorrt-rtx",
-                 "--shapes", "batch=1/1/2,seq=1/1/8,past=0/8/24"]) == 0
+                 "--profile", "batch=1/1/2,seq=1/1/8,past=0/8/24"]) == 0
     capsys.readouterr()
     ids = [[3, 14, 15, 9, 26]]
     dec = TrtDecoder(plan, onnx_path, runner=OrtAsRunner(onnx_path))

@@ -27,9 +27,9 @@ import torch
 from conftest import make_checkpoint, rel_err
 from msar_export.export import ExportOptions, export_checkpoint
 from msar_export.runtime import OrtDecoder, OrtModel
-from msar_export.serving.client import infer_json, json_tensor
-from msar_export.serving.repo import MANIFEST, build_serving_repo, build_stock_repo, verify_repo
-from msar_export.serving.triton_model import MsarOnnx, Served, plan_groups
+from msar_export.serving.triton.client import infer_json, json_tensor
+from msar_export.serving.repository.writer import MANIFEST, build_serving_repo, build_stock_repo, verify_repo
+from msar_export.serving.repository.triton_model import MsarOnnx, Served, plan_groups
 
 REPO = Path(__file__).resolve().parent.parent
 SETUP = REPO / "scripts" / "setup_triton_env.sh"
@@ -48,8 +48,8 @@ def run_cli(*args, timeout=300, **kw):
 def triton():
     """The Triton install in .venv-triton (created here if missing); skip only if it cannot be had."""
     from msar_export.errors import BackendUnavailable
-    from msar_export.serving.env import find_triton, triton_venv
-    from msar_export.serving.server import binary_check
+    from msar_export.serving.triton.env import find_triton, triton_venv
+    from msar_export.serving.triton.server import binary_check
 
     venv = triton_venv()
     check = [str(venv / "bin" / "python"), "-c", "import pytriton, tritonclient.grpc, onnxruntime, msar_export.serving"]
@@ -90,7 +90,7 @@ def refs(graphs):
 @pytest.fixture(scope="module")
 def served(triton, graphs):
     """`msar-export serve PREFILL DECODE` on free loopback ports, stopped with SIGTERM at the end."""
-    from msar_export.serving.server import free_port, http_get
+    from msar_export.serving.triton.server import free_port, http_get
 
     http, grpc = free_port(), free_port()
     workdir = graphs["root"] / "serve"
@@ -163,6 +163,33 @@ def test_batched_model_logic_matches_batch1_ort(graphs, refs):
         assert rel_err(out, ref_logits.logits(ids)) <= 1e-4
 
 
+STANDALONE = """
+import importlib, sys
+for name in ("msar_export", "torch", "polygraphy"):  # what Triton's Python environment lacks
+    sys.modules[name] = None
+sys.path[:0] = [sys.argv[1]]
+model = importlib.import_module("1.model")  # as Triton's stub imports it
+import numpy as np
+m = model.MsarOnnx(sys.argv[2])
+out = m.generate([[np.arange(1, 6)]], [[4]])[0][0]
+print(type(m.graph).__module__, " ".join(map(str, out)))
+"""
+
+
+def test_served_model_runs_on_the_copied_runner_without_msar_export(graphs, refs, tmp_path):
+    """The repository's model.py runs the one ONNX Runtime runner, copied beside it, where
+    neither msar_export nor torch can be imported (Triton's Python environment)."""
+    repo, _ = build_serving_repo(None, graphs["decode"], tmp_path / "repo", validate=False)
+    version = repo / "generate" / "1"
+    assert (version / "ort_runner.py").read_bytes() == (REPO / "msar_export" / "runners" / "ort_runner.py").read_bytes()
+    r = subprocess.run([sys.executable, "-c", STANDALONE, str(version.parent), str(version / "model.onnx")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
+    assert r.returncode == 0, r.stderr[-2000:]
+    module, *tokens = r.stdout.split()
+    want = refs[1].generate(torch.arange(1, 6)[None], max_new_tokens=4)[0, 5:].tolist()
+    assert module == "ort_runner" and [int(t) for t in tokens] == want
+
+
 def test_triton_repo_on_non_onnx_file_exits_2_with_one_line(tmp_path):
     for name, data in (("model.onnx", b"this is not a protobuf\n"), ("notes.txt", b"hello\n")):
         bad = tmp_path / name
@@ -178,7 +205,7 @@ def test_triton_repo_on_non_onnx_file_exits_2_with_one_line(tmp_path):
 # -- configs against Triton's ModelConfig schema ------------------------------------------------
 
 def parsed_configs(triton, paths):
-    script = REPO / "msar_export" / "serving" / "pbtxt_check.py"
+    script = REPO / "msar_export" / "serving" / "repository" / "pbtxt_check.py"
     out = subprocess.run([str(triton.python), str(script), "--dump", *map(str, paths)],
                          capture_output=True, text=True, timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -303,6 +330,34 @@ def test_loadtest_http_and_grpc_zero_mismatches(served, tmp_path):
     assert "req/s" in r.stdout and "p99" in r.stdout and "malformed requests:" in r.stdout
 
 
+def test_loadtest_judged_against_float64_and_a_faulty_checkpoint_fails(served, graphs, tmp_path):
+    """--checkpoint: logits judged by the verdict model against the eager float64 run;
+    the negative control is the same server judged against a checkpoint whose source-0
+    kernel-4 taps are 2% larger, which must fail, and one of another shape, refused."""
+    from msar_export.checkpoint import load_checkpoint, save_checkpoint
+
+    common = ["--url", served["http"], "--clients", 2, "--seconds", 2, "--max-requests", 40, "--models", "logits",
+              "--min-len", 1, "--max-len", 40, "--pool", 8]
+    out = tmp_path / "ok.json"
+    r = run_cli("loadtest", *common, "--checkpoint", graphs["ckpt"], "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(out.read_text())
+    assert report["mismatches"] == 0 and report["ok"] > 0, report
+    assert "eager float64" in report["references"]["logits_judged_against"]
+
+    model = load_checkpoint(graphs["ckpt"])
+    with torch.no_grad():
+        model.sources["0"].conv["1"].weight.mul_(1.02)
+    bad = save_checkpoint(model, tmp_path / "faulty")
+    r = run_cli("loadtest", *common, "--checkpoint", bad)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "mismatch:" in r.stdout and "bound" in r.stdout, r.stdout
+
+    other, _ = make_checkpoint(tmp_path / "other", seed=1, n_blocks=2)
+    r = run_cli("loadtest", *common, "--checkpoint", other)
+    assert r.returncode == 2 and "not the served model" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_loadtest_rejects_non_loopback_targets(triton):
     r = run_cli("loadtest", "--url", "http://10.1.2.3:8000", "--seconds", 1, timeout=120)
     assert r.returncode == 2 and "only targets this machine" in r.stderr
@@ -311,7 +366,7 @@ def test_loadtest_rejects_non_loopback_targets(triton):
 def test_crash_and_restart_lose_no_committed_files(triton, graphs, refs, tmp_path):
     """SIGKILL the server (and its stubs) mid-traffic, then SIGTERM it: the repository is
     intact each time, and a restart reuses it and answers as before."""
-    from msar_export.serving.server import TritonServer, free_port
+    from msar_export.serving.triton.server import TritonServer, free_port
 
     repo, rebuilt = build_serving_repo(graphs["prefill"], graphs["decode"], tmp_path / "repo", max_batch=4)
     assert rebuilt and verify_repo(repo) == []
@@ -396,7 +451,7 @@ def test_overflow_requests_never_reach_triton_and_serving_goes_on(served, triton
     tritonserver abort; shape [1, 2**61] with no bytes: a dead stub behind a ready health
     check), a 2**32+5 that Triton narrowed to 5, and framing lies; each refused, then a good
     request is answered right and the server is still ready."""
-    from msar_export.serving.server import http_get
+    from msar_export.serving.triton.server import http_get
 
     url, good = served["http"], ids_of(graphs["cfg"], 12, 7)
     cases = [
@@ -429,7 +484,7 @@ def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
     """Behind the front the stub cannot be killed by a request; here it is, through Triton's
     private port (the bug reproduced): the next request through the front sees the dead stub,
     and the server stops with a line that says so instead of staying 'ready'."""
-    from msar_export.serving.server import TritonServer, free_port
+    from msar_export.serving.triton.server import TritonServer, free_port
 
     repo, _ = build_serving_repo(graphs["prefill"], None, tmp_path / "repo", max_batch=2)
     server = TritonServer(repo, free_port(), free_port()).start()
@@ -448,3 +503,15 @@ def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
         assert server.wait() == 3 and "stub died" in server.exit_reason()
     finally:
         server.stop()
+
+
+def test_load_job_travels_to_the_triton_venv_as_json():
+    """The job .venv-triton runs is the one the CLI built, field for field."""
+    from msar_export.serving.load.job import LoadJob
+    from msar_export.serving.load.loadtest import CompareSettings, LoadSettings
+
+    job = LoadJob(urls=["http://127.0.0.1:1"], settings=LoadSettings(models=("logits",), checkpoint="/ck", rtol=3e-4),
+                  compare=CompareSettings(max_batch=4, workdir="/w"), prefill="/p.onnx", json_out="/o.json")
+    assert LoadJob.from_json(job.to_json()) == job
+    plain = LoadJob(urls=["grpc://[::1]:2"], settings=LoadSettings())
+    assert LoadJob.from_json(plain.to_json()) == plain

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import make_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
-from msar_export.serving.pbtxt_check import SCHEMA, check_config
+from msar_export.serving.repository.pbtxt_check import SCHEMA, check_config
 
 REPO = Path(__file__).resolve().parent.parent
 TRITON_PY = REPO / ".venv-triton" / "bin" / "python"

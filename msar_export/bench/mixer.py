@@ -6,12 +6,11 @@ scripts/gpu_check.sh on a GPU."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 import torch
 
-from ..export.contracts import DOMAIN, DOMAIN_VERSION, FUSED_MIXER, PLUGIN_NAMESPACE, PLUGIN_VERSION
-from ..export.functions import fused_mixer_function
+from ..export.contracts import DOMAIN, DOMAIN_VERSION, FUSED_MIXER
+from ..export.functions import fused_mixer_function, ir_attributes
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
 from ..verdict import rel_err
@@ -27,18 +26,18 @@ def fused_mixer_model(n: int, d: int, eps: float = 1e-6, opset: int = 18) -> ir.
     shapes = {"query": [m, d], "gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [], "conv_weight": [n, d, K]}
     inputs = [ir.Value(name=k, type=f32, shape=ir.Shape(s)) for k, s in shapes.items()]
     inputs += [ir.Value(name=f"x{i}", type=f32, shape=ir.Shape(["B", "T", d])) for i in range(n)]
-    node = ir.Node(DOMAIN, FUSED_MIXER.name, inputs, overload=FUSED_MIXER.overload(n), attributes=[
-        ir.AttrInt64s("stream_kernels", list(KERNELS)), ir.AttrFloat32("eps", eps),
-        ir.AttrString("plugin_version", PLUGIN_VERSION), ir.AttrString("plugin_namespace", PLUGIN_NAMESPACE)])
+    values = FUSED_MIXER.attribute_values(stream_kernels=KERNELS, eps=eps)
+    node = ir.Node(DOMAIN, FUSED_MIXER.name, inputs, overload=FUSED_MIXER.overload(n),
+                   attributes=ir_attributes(FUSED_MIXER, values))
     node.outputs[0].name, node.outputs[0].type, node.outputs[0].shape = "h", f32, ir.Shape(["B", "T", d])
     graph = ir.Graph(inputs, node.outputs, nodes=[node], opset_imports={"": opset, DOMAIN: DOMAIN_VERSION})
-    fn = fused_mixer_function(n, list(KERNELS), eps, d, opset)
+    fn = fused_mixer_function(n, values, d, opset)
     return ir.Model(graph, ir_version=10, functions=[fn])
 
 
 def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), threads: int = 2,
                     repeats: int = 5, log=print) -> dict:
-    import onnxruntime as ort
+    from ..runners.ort_runner import open_session
 
     torch.set_num_threads(threads)
     bw = copy_bandwidth_gbs()
@@ -59,10 +58,8 @@ def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), t
                         return stream_fusion(depth_retrieval(q, V, rms_normalize(V, 1e-6)), W, b, a)
 
                 conv = torch.stack([torch.cat([c.weight[:, 0] for c in e.conv.values()], 1) for e in expansions])
-                so = ort.SessionOptions()
-                so.intra_op_num_threads, so.log_severity_level = threads, 3
                 proto = ir.serde.serialize_model(fused_mixer_model(n, d))
-                sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+                sess = open_session(proto.SerializeToString(), providers=["cpu"], threads=threads)
                 feeds = {"query": q.numpy(), "gate_weight": W.numpy(), "gate_bias": b.numpy(),
                          "gate_scale": a.numpy(), "conv_weight": conv.detach().numpy(),
                          **{f"x{i}": x.numpy() for i, x in enumerate(xs)}}

@@ -58,10 +58,11 @@ def save_png(fig, out_png) -> None:
 
 def markdown_table(result: dict) -> str:
     m, s = result["machine"], result["settings"]
+    cfg = s.get("model", s)  # results written before BenchSettings held an MSARConfig have the fields flat
     B, T = s["prefill_shapes"][0]
     lines = [f"Measured {m['date']} on {m['cpu']} ({m['logical_cores']} cores, {m['threads']} threads), "
-             f"torch {m['torch']}, onnxruntime {m['onnxruntime']}; d_model {s['d_model']}, {s['n_blocks']} blocks, "
-             f"stream kernels {list(s['stream_kernels'])}, random weights. Median of {s['repeats']} round-robin runs.",
+             f"torch {m['torch']}, onnxruntime {m['onnxruntime']}; d_model {cfg['d_model']}, {cfg['n_blocks']} blocks, "
+             f"stream kernels {list(cfg['stream_kernels'])}, random weights. Median of {s['repeats']} round-robin runs.",
              "", f"| kind | backend | prefill {B}x{T} ms | tokens/s |", "| --- | --- | --- | --- |"]
     for r in sorted(result["prefill"], key=lambda r: (r["kind"], r["backend"])):
         if (r["batch"], r["seq"]) == (B, T):

@@ -6,6 +6,7 @@ numbers to trust.  Memory is measured per backend in a child process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -27,13 +28,9 @@ KINDS = ("standard", "attnres", "msar")
 
 @dataclass
 class BenchSettings:
-    d_model: int = 512
-    n_blocks: int = 8
-    n_heads: int = 8
-    n_kv_heads: int = 4
-    mlp_hidden: int = 1376
-    vocab_size: int = 256
-    stream_kernels: tuple[int, ...] = (1, 4, 8, 12)
+    # The model benchmarked; its residual kind is replaced by each of `kinds` in turn.
+    model: MSARConfig = field(default_factory=lambda: MSARConfig(d_model=512, n_blocks=8, n_heads=8, n_kv_heads=4,
+                                                                 mlp_hidden=1376, vocab_size=256, max_seq_len=4096))
     prefill_shapes: tuple[tuple[int, int], ...] = ((1, 512), (1, 128), (4, 256))
     decode_prompt: int = 64
     decode_steps: int = 32
@@ -46,12 +43,11 @@ class BenchSettings:
     kinds: tuple[str, ...] = KINDS
 
     def config(self, kind: str) -> MSARConfig:
-        return MSARConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_blocks=self.n_blocks,
-                          n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, mlp_hidden=self.mlp_hidden,
-                          max_seq_len=4096, residual=kind, stream_kernels=self.stream_kernels)
+        return dataclasses.replace(self.model, residual=kind)
 
 
-QUICK = dict(d_model=64, n_blocks=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, prefill_shapes=((1, 32),),
+QUICK = dict(model=MSARConfig(d_model=64, n_blocks=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, vocab_size=256,
+                              max_seq_len=4096), prefill_shapes=((1, 32),),
              decode_prompt=8, decode_steps=4, repeats=2, compile=False, memory=False)
 
 
@@ -91,9 +87,8 @@ def ort_backends(model, kind: str, workdir: Path, threads: int, log) -> tuple[li
         t0 = time.perf_counter()
         export_model(model, path, opts, validate=False)
         exports[name] = {"seconds": round(time.perf_counter() - t0, 2), "mb": round(path.stat().st_size / 1e6, 2)}
-        sess = OrtModel(path, threads=threads).session
-        backends.append(Backend(name, lambda ids, s=sess: s.run(["logits"], {"input_ids": ids.numpy()})[0],
-                                onnx=str(path)))
+        ort = OrtModel(path, threads=threads).ort
+        backends.append(Backend(name, lambda ids, g=ort: g.logits(ids.numpy()), onnx=str(path)))
         log(f"  exported {kind}/{name} in {exports[name]['seconds']} s")
     dec_path = workdir / f"{kind}-decode.onnx"
     export_model(model, dec_path, ExportOptions(decode=True, decomposed=kind == "standard"), validate=False)
@@ -151,7 +146,7 @@ def memory_probe(backend: str, path: str, shape) -> dict:
                 f"m=load_checkpoint({path!r});\nwith torch.inference_mode(): m(torch.zeros({B},{T},dtype=torch.long))")
     else:
         code = (f"import numpy as np; from msar_export.runtime import OrtModel; "
-                f"OrtModel({path!r}, threads=2).session.run(['logits'], {{'input_ids': np.zeros(({B},{T}), np.int64)}})")
+                f"OrtModel({path!r}, threads=2).ort.logits(np.zeros(({B},{T}), np.int64))")
     # The child reports its own VmHWM: wait4's ru_maxrss keeps the forking parent's peak.
     code += "\nfrom msar_export.export.exporter import peak_rss_mb; print('PEAK', peak_rss_mb())"
     r = python_probe(code)
@@ -207,7 +202,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
             if why:
                 result["skipped"][f"torch.compile/{kind}"] = why
             for shape in settings.prefill_shapes:
-                ids = torch.randint(0, settings.vocab_size, shape, generator=torch.Generator().manual_seed(0))
+                ids = torch.randint(0, settings.model.vocab_size, shape, generator=torch.Generator().manual_seed(0))
 
                 def eager(ids=ids, m=model):
                     with torch.inference_mode():
@@ -226,7 +221,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
                     result["memory"][kind] = {"eager": memory_probe("eager", str(ckpts[kind]), shape)}
                     for b in backends:
                         result["memory"][kind][b.name] = memory_probe("ort", b.onnx, shape)
-            prompt = torch.randint(0, settings.vocab_size, (1, settings.decode_prompt),
+            prompt = torch.randint(0, settings.model.vocab_size, (1, settings.decode_prompt),
                                    generator=torch.Generator().manual_seed(1))
             decode_fns[(kind, "eager")] = eager_decode_steps(model, prompt, settings.decode_steps)
             decode_fns[(kind, "ort")] = ort_decode_steps(backends[0].decode[1], prompt, settings.decode_steps)

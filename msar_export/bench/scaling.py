@@ -21,9 +21,9 @@ KIND_FLAGS = {"default": [], "decomposed": ["--decomposed"], "decode": ["--decod
 
 
 def node_counts(path: Path) -> dict:
-    import onnx
+    from ..graph_file import ExportedGraph
 
-    m = onnx.load(str(path), load_external_data=False)
+    m = ExportedGraph.open(path).proto
     return {"graph_nodes": len(m.graph.node), "function_nodes": sum(len(f.node) for f in m.functions)}
 
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from .tolerances import Tolerance
 
-__all__ = ["Tolerance", "check_parity", "ParityResult", "BackendResult", "LayerResult", "write_report",
+__all__ = ["Tolerance", "check_parity", "CheckOptions", "ParityResult", "BackendResult", "LayerResult", "write_report",
            "print_report"]
 
 
 def __getattr__(name):
-    if name in ("check_parity", "ParityResult", "BackendResult", "LayerResult"):
+    if name in ("check_parity", "CheckOptions"):
         from . import parity
 
         return getattr(parity, name)
+    if name in ("ParityResult", "BackendResult", "LayerResult"):
+        from . import result
+
+        return getattr(result, name)
     if name in ("write_report", "print_report"):
         from . import report
 

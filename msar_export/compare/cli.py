@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+from ..errors import InputError
 from ..verdict import MULTIPLE
-from .tolerances import PRECISIONS
+from ..cli_options import add_dtype, add_plugins, add_shapes, add_trust_pickle
 
 EPILOG = f"""\
 Exit status: 0 every backend within tolerance, 1 a mismatch (the report names the
@@ -28,34 +30,34 @@ def register(subparsers) -> None:
     p.add_argument("checkpoint", help="checkpoint directory the graph was exported from (the reference)")
     p.add_argument("--onnx", required=True, metavar="MODEL.onnx", help="prefill graph from `msar-export export`")
     p.add_argument("--engine", metavar="MODEL.plan", help="serialised TensorRT engine to check as well")
-    p.add_argument("--plugins", nargs="+", default=[], metavar="LIB.so", help="TensorRT plugin libraries to load")
+    add_plugins(p, "TensorRT plugin libraries to load")
     p.add_argument("--no-trt", action="store_true", help="do not run TensorRT even if it is installed")
-    p.add_argument("--dtype", choices=PRECISIONS, default=None,
-                   help="precision TensorRT runs in (an engine built with --fp16: float16); its bounds come from "
+    add_dtype(p, None, "precision TensorRT runs in (an engine built with --fp16: float16); its bounds come from "
                         "the eager model at that precision. Default and floor: the graph's msar.dtype, which "
                         "ONNX Runtime is always judged at")
     p.add_argument("--tol", type=float, default=None, help="one fixed tolerance for every output instead of the verdict bounds (same metric)")
-    p.add_argument("--shapes", default=None, metavar="BxT,...",
-                   help="token batch shapes (default: 1x(kmax+5),2x37,3x64 within max_seq_len)")
+    add_shapes(p, "1x(kmax+5),2x37,3x64 within max_seq_len")
     p.add_argument("--seed", type=int, default=0, help="seed of the token batches")
     p.add_argument("--report", metavar="DIR", help="write parity.json, parity.png, summary.txt and the golden files "
                                                    "inputs.json / golden.json (Polygraphy formats) here")
-    p.add_argument("--trust-pickle", action="store_true", help="allow model.pt/.bin checkpoints")
+    add_trust_pickle(p)
     p.add_argument("--verbose", action="store_true", help="show Polygraphy's own log")
     p.set_defaults(func=cmd_check)
 
 
 def cmd_check(a) -> int:
     from .inputs import parse_shapes
-    from .parity import check_parity
-    from .report import print_report
+    from .parity import CheckOptions, check_parity
+    from .report import print_report, write_report
 
     shapes = parse_shapes(a.shapes) if a.shapes is not None else None
-    result = check_parity(a.checkpoint, a.onnx, engine=a.engine, plugins=a.plugins, dtype=a.dtype, tol=a.tol,
-                          shapes=shapes, seed=a.seed, report_dir=a.report, tensorrt=not a.no_trt,
-                          trust_pickle=a.trust_pickle, verbose=a.verbose,
+    if a.report and Path(a.report).exists() and not Path(a.report).is_dir():
+        raise InputError(f"--report {a.report}: exists and is not a directory")  # before the slow part
+    opts = CheckOptions(engine=a.engine, plugins=tuple(a.plugins), dtype=a.dtype, tol=a.tol, shapes=shapes,
+                        seed=a.seed, tensorrt=not a.no_trt, trust_pickle=a.trust_pickle, verbose=a.verbose)
+    result = check_parity(a.checkpoint, a.onnx, opts,
                           progress=lambda msg: print(f"msar-export check: {msg}", file=sys.stderr, flush=True))
-    print_report(result)
+    print_report(result, polygraphy_cmd=write_report(result, a.report) if a.report else None)
     if a.report:
         print(f"report: {a.report}/ (parity.json, parity.png, summary.txt, inputs.json, golden.json)")
     return result.exit_code

@@ -90,7 +90,7 @@ def decode_batches(model, shapes, cache_dtype, seed: int = 0) -> list[OrderedDic
 
     from ..graph_spec import GraphSpec
 
-    names = GraphSpec(model.cfg, decode=True).input_names
+    spec = GraphSpec(model.cfg, decode=True)
     feeds = []
     for feed in token_batches(model.cfg, shapes, seed):
         ids = torch.as_tensor(feed[INPUT_NAME])
@@ -99,9 +99,7 @@ def decode_batches(model, shapes, cache_dtype, seed: int = 0) -> list[OrderedDic
         with torch.no_grad():
             cache = model.empty_cache(B) if p == 0 else model.run(ids[:, :p])[1]
         past = [x for kv in zip(cache.keys, cache.values) for x in kv] + ([cache.conv] if cache.conv is not None else [])
-        out = OrderedDict([(INPUT_NAME, ids[:, p:].numpy()), ("attention_mask", np.ones((B, T), np.int64)),
-                           ("position_ids", np.broadcast_to(np.arange(p, T), (B, T - p)).copy())])
-        for name, x in zip(names[3:], past):
-            out[name] = x.float().numpy().astype(cache_dtype)
-        feeds.append(out)
+        past = {p.name: x.float().numpy().astype(cache_dtype) for p, x in zip(spec.cache_inputs, past, strict=True)}
+        feeds.append(OrderedDict(spec.feeds(ids[:, p:].numpy(), np.ones((B, T), np.int64),
+                                            np.broadcast_to(np.arange(p, T), (B, T - p)).copy(), past)))
     return feeds

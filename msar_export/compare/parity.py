@@ -10,118 +10,21 @@ first layer (in depth order h_1 .. h_{L+1}, logits) that fails is named.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InputError, MsarError
-from ..runners.common import layer_index, layer_order, output_names
+from ..graph_spec import INPUT_IDS, LOGITS
+from ..runners.common import layer_order, output_names, quiet_polygraphy
 from .inputs import check_shapes, decode_batches, default_shapes, token_batches
 from .preflight import GraphInfo, check_engine_path, inspect_onnx
+from .result import REFERENCE, BackendResult, LayerResult, ParityResult, reference_scales, to_f64
 from .tolerances import Tolerance, fixed, from_eager, looser
 
-REFERENCE = "eager-torch-float64"
-
-
-@dataclass
-class LayerResult:
-    """One output of one backend, over all batches."""
-
-    name: str  # "hidden.3" or "logits"
-    status: str  # "pass" | "fail" | "missing" (not an output of this backend)
-    tolerance: float
-    ref_max_abs: float
-    max_abs: float | None = None  # max |backend - reference|; None when not finite or missing
-    max_rel: float | None = None  # max |backend - reference| / |reference|, elementwise
-    error: float | None = None  # max_abs / ref_max_abs: the metric checked against `tolerance`
-    eager_error: float | None = None  # the eager model's own error at the backend's precision, same metric
-    finite: bool = True
-    reason: str = ""
-
-    @property
-    def layer(self) -> int | None:
-        return layer_index(self.name)
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "pass"
-
-
-@dataclass
-class BackendResult:
-    name: str
-    status: str  # "pass" | "fail" | "error" (did not run) | "skipped" (not available)
-    precision: str | None = None
-    tolerance: Tolerance | None = None
-    layers: list[LayerResult] = field(default_factory=list)
-    reason: str = ""
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "pass"
-
-    @property
-    def first_bad(self) -> LayerResult | None:
-        """The first layer in depth order whose error exceeds its tolerance (or is not finite)."""
-        return next((r for r in self.layers if r.status == "fail"), None)
-
-    def layer(self, name: str) -> LayerResult:
-        return next(r for r in self.layers if r.name == name)
-
-
-@dataclass
-class ParityResult:
-    checkpoint: str
-    onnx: str
-    engine: str | None
-    shapes: list[tuple[int, int]]
-    seed: int
-    backends: list[BackendResult]
-    layer_names: list[str]
-    feeds: list = field(repr=False, default_factory=list)
-    golden: object = field(repr=False, default=None)  # polygraphy RunResults of the reference
-    report_dir: str | None = None
-    polygraphy_command: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        """True only if every backend that ran is within tolerance and at least one ran."""
-        ran = [b for b in self.backends if b.status != "skipped"]
-        return bool(ran) and all(b.passed for b in ran)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.passed else 1
-
-    def backend(self, name: str) -> BackendResult:
-        for b in self.backends:
-            if b.name == name:
-                return b
-        raise KeyError(f"no backend {name!r} in this result (have {[b.name for b in self.backends]})")
-
-
 # -- running ---------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def quiet_polygraphy(verbose: bool = False):
-    """Polygraphy logs every step to stdout; the check prints its own report instead."""
-    from polygraphy.logger import G_LOGGER
-
-    if verbose:
-        yield
-        return
-    colors = G_LOGGER.colors
-    G_LOGGER.colors = False  # also skips its "colored is not installed" notice
-    try:
-        with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
-            yield
-    finally:
-        G_LOGGER.colors = colors
-
 
 def run_runner(runner, feeds, verbose: bool = False) -> list:
     """Comparator.run over one runner -> its list of IterationResult (one per feed)."""
@@ -146,21 +49,10 @@ def run_backend(runner, feeds, verbose: bool = False):
 
 # -- comparing -------------------------------------------------------------------------
 
-def to_f64(x) -> np.ndarray:
-    if hasattr(x, "detach"):  # a torch tensor (TrtRunner may hand those back)
-        x = x.detach().float().cpu().numpy()
-    return np.asarray(x).astype(np.float64)
-
-
 def _exact_output(name, index, iter_result):
     """Polygraphy's default matching falls back to substrings and positions
     ('hidden.1' would match 'hidden.10'); a parity check compares names exactly."""
     return [name] if name in iter_result else None
-
-
-def reference_scales(ref_iters, names) -> dict[str, float]:
-    """max |reference| per output over all batches: the metric's denominator."""
-    return {n: max(float(np.max(np.abs(to_f64(it[n])))) for it in ref_iters) for n in names}
 
 
 def polygraphy_verdicts(ref_iters, got_iters, backend: str, atol: dict[str, float], verbose: bool = False):
@@ -239,34 +131,37 @@ def compare_backend(ref_iters, got_iters, names, tol: Tolerance, backend: str, p
     return result
 
 
-def suspect(name: str) -> str:
-    """Where to look when `name` is the first output to differ."""
-    l = layer_index(name)
-    if l is None:
-        return "the head: final_norm or lm_head (every h_l matches)"
-    if l == 1:
-        return "the embedding, mixer 1 (gate) or source 0's conv taps"
-    kind = "attention" if (l - 1) % 2 == 1 else "MLP"
-    return (f"mixer {l} (query, gate), source {l - 1}'s conv taps or sublayer {l - 1} ({kind}); "
-            f"h_1..h_{l - 1} match")
-
-
 # -- the check -------------------------------------------------------------------------
 
-def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engine: str | os.PathLike | None = None,
-                 plugins=(), dtype: str | None = None, tol: float | None = None, shapes=None, seed: int = 0,
-                 report_dir: str | os.PathLike | None = None, tensorrt: bool = True, providers=("cpu",),
-                 trust_pickle: bool = False, progress=None, verbose: bool = False) -> ParityResult:
-    """Compare the ONNX graph (and a TensorRT engine) with the eager checkpoint, layer by layer.
+@dataclass(frozen=True)
+class CheckOptions:
+    """How to check.  dtype: the precision TensorRT runs in (default and floor: the
+    graph's msar.dtype); ONNX Runtime runs the graph as exported and is judged at the
+    graph's own precision.  Each output's bound is msar_export.verdict's, from the eager
+    model's own error at that precision against float64 (the reference); tol: one fixed
+    bound instead.  engine: a serialised engine; without it, and with `tensorrt` true, an
+    engine is built from the graph when a TensorRT is installed.  shapes: token batch
+    shapes (default: compare.inputs.default_shapes)."""
 
-    dtype: the precision TensorRT runs in (default and floor: the graph's msar.dtype);
-    ONNX Runtime runs the graph as exported and is judged at the graph's own precision.
-    Each output's bound is msar_export.verdict's, from the eager model's own error at
-    that precision against float64 (the reference).  tol: one fixed bound instead.
-    engine: a serialised engine; without it, and with `tensorrt` true, an engine is
-    built from the graph when `import tensorrt` works.  report_dir: write the JSON,
-    PNG, golden files and the Polygraphy command there.  Bad input raises MsarError.
-    """
+    engine: str | os.PathLike | None = None
+    plugins: tuple = ()
+    dtype: str | None = None
+    tol: float | None = None
+    shapes: list | None = None
+    seed: int = 0
+    tensorrt: bool = True
+    providers: tuple = ("cpu",)
+    trust_pickle: bool = False
+    verbose: bool = False
+
+
+def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, opts: CheckOptions | None = None,
+                 progress=None, **overrides) -> ParityResult:
+    """Compare the ONNX graph (and a TensorRT engine) with the eager checkpoint, layer by
+    layer.  `overrides` are CheckOptions fields (check_parity(ck, path, tensorrt=False)).
+    compare.report.write_report saves what it found.  Bad input raises MsarError."""
+    import dataclasses
+
     import torch
 
     from ..checkpoint import load_checkpoint
@@ -274,23 +169,25 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
     from ..runners.onnxrt import onnxrt_runner
     from ..runners.trt import check_plugin_paths, choose_backend, engine_not_run_reason, tensorrt_unavailable
 
+    o = dataclasses.replace(opts or CheckOptions(), **overrides)
+    engine, dtype, tol, seed, tensorrt, verbose = o.engine, o.dtype, o.tol, o.seed, o.tensorrt, o.verbose
     say = progress or (lambda msg: None)
     if dtype is not None and dtype not in ("float32", "float16", "bfloat16"):
         raise InputError(f"--dtype must be float32, float16 or bfloat16, got {dtype!r}")
     if tol is not None and not (tol > 0 and np.isfinite(tol)):
         raise InputError(f"--tol must be a positive number, got {tol!r}")
-    model = load_checkpoint(checkpoint, dtype=torch.float32, trust_pickle=trust_pickle)
+    model = load_checkpoint(checkpoint, dtype=torch.float32, trust_pickle=o.trust_pickle)
     cfg = model.cfg
     graph: GraphInfo = inspect_onnx(onnx, cfg)
     engine_path = check_engine_path(engine) if engine is not None else None
-    plugins = check_plugin_paths(plugins)
+    plugins = check_plugin_paths(o.plugins)
     if engine_path is not None and not tensorrt:
         raise InputError("--engine and --no-trt contradict each other; drop one")
     meta = None
     if engine_path is not None:
         # The engine's build record must name this ONNX file and these plugin
         # libraries (pure Python: checked whether or not the engine can run here).
-        from ..build.metadata import verify_engine_metadata
+        from ..engines.metadata import verify_engine_metadata
 
         meta = verify_engine_metadata(engine_path, graph.path, plugins)
         trt_backend = meta.builder.get("backend", "tensorrt")
@@ -300,13 +197,13 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
         trt_skip = "--no-trt" if not tensorrt else tensorrt_unavailable()
     if graph.decode and trt_skip is None and engine_path is None:
         trt_skip = "decode graphs are checked on ONNX Runtime only (no in-memory engine profile for the past inputs)"
-    shapes = check_shapes(shapes if shapes is not None else default_shapes(cfg), cfg)
+    shapes = check_shapes(o.shapes if o.shapes is not None else default_shapes(cfg), cfg)
     if meta is not None and not graph.decode:
         # Every check shape must lie inside the engine's profile.
-        from ..build.metadata import check_input_shapes
+        from ..engines.metadata import check_input_shapes
 
         for shape in shapes:
-            check_input_shapes(meta, {"input_ids": tuple(shape)})
+            check_input_shapes(meta, {INPUT_IDS: tuple(shape)})
     cache_dtype = None
     if graph.decode:
         cache_dtype = np.float16 if graph.precision == "float16" else np.float32
@@ -330,7 +227,7 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
             return fixed(tol)
         if precision not in eager_runs:
             say(f"eager-torch: running in {precision} (the bound for {precision} backends)")
-            low = load_checkpoint(checkpoint, dtype=getattr(torch, precision), trust_pickle=trust_pickle)
+            low = load_checkpoint(checkpoint, dtype=getattr(torch, precision), trust_pickle=o.trust_pickle)
             eager_runs[precision] = run_runner(TorchRunner(low, name=f"eager-torch-{precision}",
                                                            decode_cache_dtype=cache_dtype), feeds, verbose)
         return from_eager(output_errors(ref_iters, eager_runs[precision], names), precision)
@@ -340,7 +237,8 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
     # ONNX Runtime runs the graph exactly as exported, so it is judged at the graph's own
     # precision; --dtype is the precision TensorRT runs in, never stricter than the graph's.
     say(f"onnxrt: running {graph.path.name} ({graph.precision})")
-    got, err, secs = run_backend(onnxrt_runner(graph.path, names, providers=providers), feeds, verbose)
+    got, err, secs = run_backend(onnxrt_runner(graph.exported or graph.path, names, providers=o.providers), feeds,
+                                 verbose)
     backends.append(_backend_result("onnxrt", ref_iters, got, err, secs, order, tolerance_at(graph.precision),
                                     graph.precision, (), verbose))
     trt_precision = looser(dtype or graph.precision, graph.precision)
@@ -352,13 +250,8 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, *, engi
 
     golden = RunResults()
     golden.append((REFERENCE, ref_iters))
-    result = ParityResult(str(checkpoint), str(onnx), None if engine is None else str(engine), shapes, seed, backends,
-                          order, feeds, golden)
-    if report_dir is not None:
-        from .report import write_report
-
-        write_report(result, report_dir)
-    return result
+    return ParityResult(str(checkpoint), str(onnx), None if engine is None else str(engine), shapes, seed, backends,
+                        order, feeds, golden)
 
 
 def _backend_result(name, ref_iters, got, err, secs, order, tol, precision, optional, verbose) -> BackendResult:
@@ -380,7 +273,7 @@ def _tensorrt(graph, engine_path, plugins, precision, tol, skip, shapes, feeds, 
     if engine_path is not None:
         say(f"tensorrt: running engine {engine_path.name}")
         runner = trt_runner_from_engine(engine_path, plugins, backend=backend)
-        optional = tuple(n for n in order if n != "logits")  # a shipped engine may expose only the logits
+        optional = tuple(n for n in order if n != LOGITS)  # a shipped engine may expose only the logits
     else:
         say(f"tensorrt: building an engine from {graph.path.name} ({precision}) with hidden.{{l}} marked")
         max_shape = (max(b for b, _ in shapes), max(t for _, t in shapes))

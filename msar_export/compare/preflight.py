@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import MSARConfig
-from ..errors import ConfigError, EngineError, OnnxModelError
-from ..graph_spec import META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH, GraphSpec
+from ..errors import EngineError, OnnxModelError
+from ..graph_file import ExportedGraph
+from ..graph_spec import GraphSpec
 from ..runners.common import INPUT_NAME, LOGITS_NAME, hidden_name
 
 
@@ -20,24 +21,7 @@ class GraphInfo:
     precision: str  # msar.dtype: the precision the graph computes in
     decomposed: bool
     decode: bool = False  # the decode graph: fed a past from eager, compared on the new tokens
-
-
-def _load_proto(path: Path):
-    import onnx
-
-    if not path.exists():
-        raise OnnxModelError(f"--onnx {path}: no such file")
-    if not path.is_file():
-        raise OnnxModelError(f"--onnx {path}: not a file (give the .onnx file from `msar-export export`)")
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OnnxModelError(f"--onnx {path}: not an ONNX model ({first})") from None
-    # Protobuf parses many non-ONNX byte strings (an empty file, for one) into an empty message.
-    if proto.ir_version <= 0 or len(proto.graph.node) == 0:
-        raise OnnxModelError(f"--onnx {path}: not an ONNX model (no graph nodes, ir_version {proto.ir_version})")
-    return proto
+    exported: ExportedGraph | None = None  # the file as opened (once): the runners start from it
 
 
 def _config_diff(graph: MSARConfig, ckpt: MSARConfig) -> list[str]:
@@ -50,22 +34,16 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
     from ..checkpoint import expected_shapes
 
     path = Path(path)
-    proto = _load_proto(path)
-    meta = {p.key: p.value for p in proto.metadata_props}
-    if META_CONFIG not in meta:
-        raise OnnxModelError(f"--onnx {path}: no msar.config metadata, so it was not exported by msar-export; "
-                             "export the checkpoint with `msar-export export CKPT -o model.onnx`")
-    try:
-        graph_cfg = MSARConfig.from_json(meta[META_CONFIG], "msar.config metadata")
-    except ConfigError as e:
-        raise OnnxModelError(f"--onnx {path}: unreadable msar.config metadata ({e})") from None
+    graph = ExportedGraph.open(path, label="--onnx ")
+    proto = graph.proto
+    graph_cfg = graph.config
     diff = _config_diff(graph_cfg, ckpt_cfg)
     if diff:
         raise OnnxModelError(f"--onnx {path} was exported from a different model than this checkpoint "
                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})")
-    decode = meta.get(META_GRAPH, "prefill") == "decode"
-    inits = {t.name: t for t in proto.graph.initializer}
-    inputs = [v for v in proto.graph.input if v.name not in inits]
+    decode = graph.decode
+    inits = graph.initializers
+    inputs = graph.inputs
     if decode:
         spec = GraphSpec(ckpt_cfg, decode=True)
         want = spec.input_names
@@ -97,10 +75,10 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
     if missing:
         raise OnnxModelError(f"--onnx {path}: no value named {missing[0]} (of {len(missing)} mixer outputs missing); "
                              "re-export with this msar-export, which names every mixer output hidden.{l}")
-    precision = meta.get(META_DTYPE, "float32")
+    precision = graph.precision or "float32"
     if precision not in ("float32", "float16", "bfloat16"):
         raise OnnxModelError(f"--onnx {path}: unknown msar.dtype {precision!r}")
-    return GraphInfo(path, graph_cfg, precision, meta.get(META_DECOMPOSED) == "true", decode)
+    return GraphInfo(path, graph_cfg, precision, graph.decomposed, decode, graph)
 
 
 def check_engine_path(engine) -> Path:

@@ -13,7 +13,9 @@ import shlex
 from pathlib import Path
 
 from ..fileio import atomic_path
-from .parity import REFERENCE, ParityResult, quiet_polygraphy, reference_scales, suspect
+from ..graph_spec import LOGITS
+from ..runners.common import layer_index, quiet_polygraphy
+from .result import REFERENCE, ParityResult, reference_scales, suspect
 
 JSON_NAME = "parity.json"
 PLOT_NAME = "parity.png"
@@ -24,7 +26,7 @@ FORMAT_VERSION = 1
 
 
 def label(name: str) -> str:
-    return "logits" if name == "logits" else "h_" + name.split(".", 1)[1]
+    return LOGITS if name == LOGITS else f"h_{layer_index(name)}"
 
 
 def _e(x) -> str:
@@ -90,16 +92,17 @@ def summary_lines(result: ParityResult) -> list[str]:
     return lines
 
 
-def print_report(result: ParityResult, console=None) -> None:
+def print_report(result: ParityResult, console=None, polygraphy_cmd: str | None = None) -> None:
+    """The table and the verdicts; `polygraphy_cmd`: write_report's reproduction command."""
     from rich.console import Console
 
     console = console or Console()
     console.print(render_table(result))
     for line in summary_lines(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    if result.polygraphy_command:
+    if polygraphy_cmd:
         console.print("Reproduce the ONNX check by hand:", highlight=False, markup=False)
-        console.print("  " + result.polygraphy_command, highlight=False, markup=False, soft_wrap=True)
+        console.print("  " + polygraphy_cmd, highlight=False, markup=False, soft_wrap=True)
     else:
         console.print("(pass --report DIR to save golden files and a `polygraphy run` command that reproduces "
                       "the ONNX check)", highlight=False, markup=False, soft_wrap=True)
@@ -107,7 +110,7 @@ def print_report(result: ParityResult, console=None) -> None:
 
 # -- JSON --------------------------------------------------------------------------------
 
-def to_json_dict(result: ParityResult) -> dict:
+def to_json_dict(result: ParityResult, polygraphy_cmd: str | None = None) -> dict:
     def layer(lr):
         return {"name": lr.name, "layer": lr.layer, "status": lr.status, "max_abs": _num(lr.max_abs),
                 "max_rel": _num(lr.max_rel), "error": _num(lr.error), "eager_error": _num(lr.eager_error),
@@ -135,7 +138,7 @@ def to_json_dict(result: ParityResult) -> dict:
         "golden": GOLDEN_NAME,
         "layers": result.layer_names,
         "backends": [backend(b) for b in result.backends],
-        "polygraphy_command": result.polygraphy_command,
+        "polygraphy_command": polygraphy_cmd,
         "summary": summary_lines(result),
     }
 
@@ -199,8 +202,9 @@ def polygraphy_command(result: ParityResult, inputs_path, golden_path) -> str:
                      "--check-error-stat", "max", "--rtol", "0", "--atol", *atols])
 
 
-def write_report(result: ParityResult, report_dir: str | os.PathLike) -> Path:
-    """inputs.json + golden.json (Polygraphy formats), parity.json, parity.png, summary.txt."""
+def write_report(result: ParityResult, report_dir: str | os.PathLike) -> str:
+    """inputs.json + golden.json (Polygraphy formats), parity.json, parity.png, summary.txt;
+    returns the `polygraphy run` command that reproduces the ONNX check from them."""
     from polygraphy.json import save_json
     from rich.console import Console
 
@@ -216,16 +220,15 @@ def write_report(result: ParityResult, report_dir: str | os.PathLike) -> Path:
             save_json(list(result.feeds), str(tmp), description="parity-check input feeds")
         with _atomic(golden) as tmp:
             save_json(result.golden, str(tmp), description=f"{REFERENCE} golden outputs")
-    result.report_dir = str(out)
-    result.polygraphy_command = polygraphy_command(result, inputs, golden)
+    command = polygraphy_command(result, inputs, golden)
     with _atomic(out / JSON_NAME) as tmp:
-        tmp.write_text(json.dumps(to_json_dict(result), indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(to_json_dict(result, command), indent=2) + "\n", encoding="utf-8")
     write_plot(result, out / PLOT_NAME)
     buf = io.StringIO()
-    print_report(result, Console(file=buf, width=140, no_color=True, force_terminal=False))
+    print_report(result, Console(file=buf, width=140, no_color=True, force_terminal=False), command)
     with _atomic(out / SUMMARY_NAME) as tmp:
         tmp.write_text(buf.getvalue(), encoding="utf-8")
-    return out
+    return command
 
 
 @contextlib.contextmanager

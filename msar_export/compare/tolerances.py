@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..graph_spec import LOGITS
 from ..verdict import FLOOR, MULTIPLE, PRECISIONS, UNIT_ROUNDOFF, bound  # noqa: F401  (one definition, in msar_export.verdict)
 
 
@@ -36,7 +37,7 @@ class Tolerance:
         bounds = dict(self.per_output)
         if name in bounds:
             return bounds[name]
-        return self.logits if name == "logits" else self.hidden
+        return self.logits if name == LOGITS else self.hidden
 
     def eager_error(self, name: str) -> float | None:
         return dict(self.eager).get(name)
@@ -53,8 +54,8 @@ def from_eager(eager_errors: dict[str, float], precision: str) -> Tolerance:
     """The verdict model's tolerance: each output's bound from the eager model's own
     error at `precision` against float64 on that output."""
     bounds = {n: bound(e, precision) for n, e in eager_errors.items()}
-    hidden = max((b for n, b in bounds.items() if n != "logits"), default=FLOOR[precision])
-    return Tolerance(hidden=hidden, logits=bounds.get("logits", FLOOR[precision]),
+    hidden = max((b for n, b in bounds.items() if n != LOGITS), default=FLOOR[precision])
+    return Tolerance(hidden=hidden, logits=bounds.get(LOGITS, FLOOR[precision]),
                      source=f"{MULTIPLE:g} x eager {precision} vs float64 + {FLOOR[precision]:.1e}",
                      per_output=tuple(bounds.items()), eager=tuple(eager_errors.items()))
 

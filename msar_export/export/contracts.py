@@ -1,8 +1,9 @@
 """The `msar` custom ops, written once.
 
-The torch export path, the ONNX function bodies, the TensorRT plugin creators'
-field names and docs/custom_ops.md all follow these records; tests check that
-the plugin READMEs and the exported nodes agree with them.
+The torch export path, the ONNX function bodies' attributes, the benchmark's
+node, the kernels' ctypes arguments, the TensorRT plugins' generated headers
+(contract_headers.py) and docs/custom_ops.md all follow these records; tests
+check that the plugin READMEs and the exported nodes agree with them.
 """
 
 from __future__ import annotations
@@ -28,8 +29,22 @@ class Port:
 class Attr:
     name: str
     type: str  # ONNX attribute type: INT, INTS, FLOAT, STRING
-    default: object
+    default: object  # None: required
     doc: str
+    config: str | None = None  # the MSARConfig field an export takes the value from; None: the default
+    kernel: bool = True  # a kernel argument (False: only read by TensorRT's ONNX parser)
+    count: str | None = None  # INTS: the kernel argument that holds the list's length
+
+    def kernel_members(self) -> list[tuple[str, str]]:
+        """(C type, member) pairs this attribute adds to its op's kernel arguments: an INTS is a host
+        array and its length; the generated msarKernelAttrs.h and the ctypes binding both follow it."""
+        if self.type == "INTS":
+            return [("int32_t const*", self.name), ("int32_t", self.count)]
+        return [({"INT": "int32_t", "FLOAT": "float"}[self.type], self.name)]
+
+    def coerce(self, value):
+        """`value` as the attribute type's Python value (what onnx-ir and ctypes are given)."""
+        return {"INTS": lambda v: [int(x) for x in v], "INT": int, "FLOAT": float, "STRING": str}[self.type](value)
 
 
 @dataclass(frozen=True)
@@ -49,11 +64,37 @@ class OpContract:
     def n_fixed_inputs(self) -> int:
         return sum(not p.variadic for p in self.inputs)
 
+    @property
+    def kernel_attributes(self) -> tuple[Attr, ...]:
+        return tuple(a for a in self.attributes if a.kernel)
+
+    def attribute_values(self, cfg=None, **given) -> dict:
+        """Every attribute's value, in contract order: `given` by name, else the model config's field
+        (Attr.config), else the default; a required attribute with none of these is an error."""
+        unknown = set(given) - {a.name for a in self.attributes}
+        if unknown:
+            raise TypeError(f"{self.name}: unknown attribute(s) {sorted(unknown)}")
+        out = {}
+        for a in self.attributes:
+            if a.name in given:
+                value = given[a.name]
+            elif cfg is not None and a.config is not None:
+                value = getattr(cfg, a.config)
+            else:
+                value = a.default
+            if value is None:
+                raise TypeError(f"{self.name}: attribute {a.name} is required")
+            out[a.name] = a.coerce(value)
+        return out
+
 
 COMMON_ATTRS = (
-    Attr("plugin_version", "STRING", PLUGIN_VERSION, "TensorRT plugin version the ONNX parser looks up"),
-    Attr("plugin_namespace", "STRING", PLUGIN_NAMESPACE, "TensorRT plugin namespace the ONNX parser looks up"),
+    Attr("plugin_version", "STRING", PLUGIN_VERSION, "TensorRT plugin version the ONNX parser looks up", kernel=False),
+    Attr("plugin_namespace", "STRING", PLUGIN_NAMESPACE, "TensorRT plugin namespace the ONNX parser looks up",
+         kernel=False),
 )
+
+EPS = Attr("eps", "FLOAT", 1e-6, "mixer_eps of the parameter-free key RMSNorm", config="mixer_eps")
 
 FUSED_MIXER = OpContract(
     name="FusedMixer",
@@ -74,8 +115,9 @@ FUSED_MIXER = OpContract(
     ),
     outputs=(Port("h", "[B, T, d]", "T", "the mixer output h_l"),),
     attributes=(
-        Attr("stream_kernels", "INTS", None, "kernel size per stream, first is 1 (identity)"),
-        Attr("eps", "FLOAT", 1e-6, "mixer_eps of the parameter-free key RMSNorm"),
+        Attr("stream_kernels", "INTS", None, "kernel size per stream, first is 1 (identity)", config="stream_kernels",
+             count="n_streams"),
+        EPS,
     ) + COMMON_ATTRS,
 )
 
@@ -92,7 +134,7 @@ DEPTH_RETRIEVAL = OpContract(
              variadic=True),
     ),
     outputs=(Port("z", "[B, T, m, d]", "T", "retrieved stream vectors z^(0..m-1)"),),
-    attributes=(Attr("eps", "FLOAT", 1e-6, "mixer_eps of the parameter-free key RMSNorm"),) + COMMON_ATTRS,
+    attributes=(EPS,) + COMMON_ATTRS,
 )
 
 CONTRACTS = {c.name: c for c in (FUSED_MIXER, DEPTH_RETRIEVAL)}

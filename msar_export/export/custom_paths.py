@@ -9,9 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..model.lm import DepthPath, EagerDepthPath
-from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, PLUGIN_NAMESPACE, PLUGIN_VERSION
-
-PLUGIN_ATTRS = {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}
+from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER
 
 
 def pack_conv_weights(model) -> torch.Tensor:
@@ -23,13 +21,13 @@ def pack_conv_weights(model) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def depth_retrieval_op(query: torch.Tensor, views: list[torch.Tensor], eps: float) -> torch.Tensor:
+def depth_retrieval_op(query: torch.Tensor, views: list[torch.Tensor], cfg) -> torch.Tensor:
     # One type for every input (the op's type variable T, and the plugin's rule):
     # the views are float32 whatever the export dtype (model/mixing.py), so the
     # query goes in as float32 too, as the eager mixer computes it.
     query = query.to(views[0].dtype)
     return torch.onnx.ops.symbolic(
-        f"{DOMAIN}::{DEPTH_RETRIEVAL.name}", [query, *views], {"eps": float(eps), **PLUGIN_ATTRS},
+        f"{DOMAIN}::{DEPTH_RETRIEVAL.name}", [query, *views], DEPTH_RETRIEVAL.attribute_values(cfg),
         dtype=views[0].dtype, shape=views[0].shape, version=DOMAIN_VERSION,
     )
 
@@ -48,11 +46,10 @@ class FusedMixerPath(DepthPath):
     def mix(self, l):
         mixer, cfg = self.model.mixers[str(l)], self.model.cfg
         x0 = self.sources[0]
-        attrs = {"stream_kernels": list(cfg.stream_kernels), "eps": float(cfg.mixer_eps), **PLUGIN_ATTRS}
         return torch.onnx.ops.symbolic(
             f"{DOMAIN}::{FUSED_MIXER.name}",
             [mixer.query, mixer.gate.weight, mixer.gate.bias, mixer.gate_scale, self.conv_bank, *self.sources],
-            attrs, dtype=x0.dtype, shape=x0.shape, version=DOMAIN_VERSION,
+            FUSED_MIXER.attribute_values(cfg), dtype=x0.dtype, shape=x0.shape, version=DOMAIN_VERSION,
         )
 
 
@@ -68,4 +65,4 @@ class RetrievalOpPath(EagerDepthPath):
 
     def mix(self, l):
         mixer, cfg = self.model.mixers[str(l)], self.model.cfg
-        return mixer.fuse(depth_retrieval_op(mixer.query, self.views, cfg.mixer_eps))
+        return mixer.fuse(depth_retrieval_op(mixer.query, self.views, cfg))

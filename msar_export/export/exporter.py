@@ -19,10 +19,10 @@ from ..errors import InputError
 from ..memory import return_freed_memory
 from ..fileio import check_output_file
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
-from .functions import depth_retrieval_function, fused_mixer_function
+from .functions import function_body
 from ..graph_spec import (HIDDEN, META_CHECKPOINT, META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH,
                           META_MIXER_OP, GraphSpec)
-from .graphs import DecodeGraph, PrefillGraph, dynamic_shapes, example_inputs
+from .graphs import DecodeGraph, PrefillGraph, example_inputs
 from .optimize import optimize_model, remove_identity_casts, separate_consumed_outputs
 from .report import DTYPE_NAMES, ExportOptions, ExportReport, peak_rss_mb  # noqa: F401  (re-exported)
 from .save import EXTERNAL_DATA_ABOVE, save_model, weight_bytes
@@ -45,7 +45,7 @@ def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             module, example_inputs(model, opts.decode), dynamo=True, input_names=in_names, output_names=out_names,
-            dynamic_shapes=dynamic_shapes(model, opts.decode), opset_version=opts.opset, optimize=False,
+            dynamic_shapes=spec.torch_dynamic_shapes(), opset_version=opts.opset, optimize=False,
             external_data=False,
         )
     # torch.onnx's own optimize step, less one rule whose matching is quadratic in depth.
@@ -80,11 +80,7 @@ def attach_functions(model: ir.Model, cfg, opset: int) -> dict[str, int]:
         key = (DOMAIN, node.op_type, node.overload)
         if key in model.functions:
             continue
-        if node.op_type == "FusedMixer":
-            fn = fused_mixer_function(n, list(cfg.stream_kernels), cfg.mixer_eps, cfg.d_model, opset)
-        else:
-            fn = depth_retrieval_function(n, cfg.mixer_eps, opset)
-        model.functions[key] = fn
+        model.functions[key] = function_body(contract, n, cfg, opset)
     if counts:
         model.opset_imports[DOMAIN] = DOMAIN_VERSION
         # Functions in a stable order: (op, arity) rather than discovery order.
@@ -115,11 +111,13 @@ def inline_functions(model: ir.Model) -> None:
     common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
 
 
-def name_dims(model: ir.Model) -> None:
-    """The mask length is an AUTO dim in torch.export; give it its meaning."""
+def name_dims(model: ir.Model, spec) -> None:
+    """Every input's axes as the graph spec names them (torch.export calls the mask's
+    AUTO length s0 or similar; the spec calls it `past + seq`)."""
+    ports = {p.name: p for p in spec.inputs}
     for v in model.graph.inputs:
-        if v.name == "attention_mask" and v.shape is not None:
-            v.shape = ir.Shape([v.shape[0], "past + seq"])
+        if v.name in ports and v.shape is not None:
+            v.shape = ir.Shape(list(ports[v.name].axes))
 
 
 def name_hidden_states(model: ir.Model, n_sublayers: int) -> None:
@@ -202,7 +200,7 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, ow
     if opts.decomposed:
         inline_functions(onnx_model)
         counts = {}
-    name_dims(onnx_model)
+    name_dims(onnx_model, GraphSpec(cfg, opts.decode))
     name_hidden_states(onnx_model, cfg.n_sublayers)
     describe(onnx_model, cfg, opts, source_name)
     gc.collect()  # the exported program and its module hold references to the weights until collected

@@ -18,9 +18,17 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnx_ir.tape import Tape
 
-from .contracts import COMMON_ATTRS, DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, OpContract
+from .contracts import DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, OpContract
 
 FLOAT = ir.DataType.FLOAT
+_IR_TYPES = {"INTS": ir.AttributeType.INTS, "INT": ir.AttributeType.INT, "FLOAT": ir.AttributeType.FLOAT,
+             "STRING": ir.AttributeType.STRING}
+
+
+def ir_attributes(contract: OpContract, values: dict) -> list[ir.Attr]:
+    """`values` (OpContract.attribute_values) as onnx-ir attributes, typed and ordered by the contract:
+    a node's attributes and its function's defaults alike."""
+    return [ir.Attr(a.name, _IR_TYPES[a.type], values[a.name]) for a in contract.attributes]
 
 
 class _Body:
@@ -50,18 +58,13 @@ def _inputs(names):
     return [ir.Value(name=n) for n in names]
 
 
-def _function(contract: OpContract, n: int, inputs, outputs, b: _Body, attrs, opset: int) -> ir.Function:
+def _function(contract: OpContract, n: int, inputs, outputs, b: _Body, values: dict, opset: int) -> ir.Function:
     graph = ir.Graph(inputs, outputs, nodes=b.tape.nodes, opset_imports={"": opset}, name=contract.name)
-    return ir.Function(DOMAIN, contract.name, contract.overload(n), graph=graph, attributes=attrs)
+    return ir.Function(DOMAIN, contract.name, contract.overload(n), graph=graph,
+                       attributes=ir_attributes(contract, values))
 
 
-def _common_attrs(eps: float):
-    attrs = [ir.Attr("eps", ir.AttributeType.FLOAT, float(eps))]
-    attrs += [ir.Attr(a.name, ir.AttributeType.STRING, a.default) for a in COMMON_ATTRS]
-    return attrs
-
-
-def depth_retrieval_function(n: int, eps: float, opset: int) -> ir.Function:
+def depth_retrieval_function(n: int, values: dict, opset: int) -> ir.Function:
     """views_i (B,T,m,d) stacked to (B,T,n,m,d); per stream s = (q . v) / rms(v),
     softmax over the n sources, z = sum_i alpha_i v_i."""
     ins = _inputs(["query"] + [f"views_{i}" for i in range(n)])
@@ -77,10 +80,10 @@ def depth_retrieval_function(n: int, eps: float, opset: int) -> ir.Function:
     z = b.ReduceSum(b.Mul(b.Unsqueeze(alpha, b.ints([-1])), V), b.ints([2]), keepdims=0)  # (B, T, m, d)
     out = b.CastLike(z, ins[1])
     out.name = "z"
-    return _function(DEPTH_RETRIEVAL, n, ins, [out], b, _common_attrs(eps), opset)
+    return _function(DEPTH_RETRIEVAL, n, ins, [out], b, values, opset)
 
 
-def fused_mixer_function(n: int, stream_kernels: list[int], eps: float, d: int, opset: int) -> ir.Function:
+def fused_mixer_function(n: int, values: dict, d: int, opset: int) -> ir.Function:
     """Body for `n` sources of width `d` (Conv's `group` is static); kernels and
     width are fixed for a model, so one overload per source count suffices.
 
@@ -92,6 +95,7 @@ def fused_mixer_function(n: int, stream_kernels: list[int], eps: float, d: int, 
     ins = _inputs(["query", "gate_weight", "gate_bias", "gate_scale", "conv_weight"] + [f"sources_{i}" for i in range(n)])
     query_in, gw_in, gb_in, gs_in, conv_in, *sources = ins
     b = _Body()
+    stream_kernels = values["stream_kernels"]
     m = len(stream_kernels)
     X = b.Transpose(b.Cast(b.Concat(*sources, axis=2), to=FLOAT), perm=[0, 2, 1])  # (B, n*d, T)
     conv = b.Cast(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), to=FLOAT)  # (n, d, K)
@@ -123,5 +127,12 @@ def fused_mixer_function(n: int, stream_kernels: list[int], eps: float, d: int, 
         h = term if h is None else b.Add(h, term)
     out = b.CastLike(b.Transpose(h, perm=[0, 2, 1]), sources[0])
     out.name = "h"
-    attrs = _common_attrs(eps) + [ir.Attr("stream_kernels", ir.AttributeType.INTS, list(stream_kernels))]
-    return _function(FUSED_MIXER, n, ins, [out], b, attrs, opset)
+    return _function(FUSED_MIXER, n, ins, [out], b, values, opset)
+
+
+def function_body(contract: OpContract, n: int, cfg, opset: int) -> ir.Function:
+    """The body of `contract`'s overload for n sources, its attribute defaults taken from the model config."""
+    values = contract.attribute_values(cfg)
+    if contract is FUSED_MIXER:
+        return fused_mixer_function(n, values, cfg.d_model, opset)
+    return depth_retrieval_function(n, values, opset)

@@ -74,18 +74,3 @@ def example_inputs(model, decode: bool, batch: int = 2, seq: int = 5, past: int 
     if cfg.residual == "msar":
         args.append(torch.randn(cache.conv.shape, generator=g).to(dt))
     return tuple(args)
-
-
-def dynamic_shapes(model, decode: bool):
-    """torch.export dims; the mask length (past + seq) is left to torch.export (AUTO), which derives it."""
-    from torch.export import Dim
-
-    batch, seq, past = Dim("batch"), Dim("seq"), Dim("past")
-    if not decode:
-        return {"input_ids": {0: batch, 1: seq}}
-    cfg = model.cfg
-    kv = [{0: batch, 2: past} for _ in range(2 * cfg.n_blocks)]
-    if cfg.residual == "msar":
-        kv.append({1: batch})
-    return {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: Dim.AUTO},
-            "position_ids": {0: batch, 1: seq}, "past": tuple(kv)}

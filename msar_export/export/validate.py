@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import first_line
+from ..graph_spec import LOGITS
 from ..memory import return_freed_memory
 from ..onnx_wire import load_without_weights
 from ..verdict import Verdict, judge, rel_err  # noqa: F401  (rel_err: the one metric, re-exported)
@@ -63,7 +64,7 @@ def _static_checks(path: Path, res: ValidationResult) -> None:
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
         out = {o.name: o for o in inferred.graph.output}
-        rank = len(out["logits"].type.tensor_type.shape.dim)
+        rank = len(out[LOGITS].type.tensor_type.shape.dim)
         if rank != 3:
             res.failures.append(f"shape inference gives logits rank {rank}, expected 3")
         res.checks.append("strict shape inference")
@@ -154,7 +155,7 @@ def validate_file(path: Path, ref: Reference | None, decode: bool, dtype: str) -
         got = np.concatenate(outs, axis=1)
         res.shapes = f"prefill {batch}x{split} + {seq - split} decode steps"
     else:
-        got = OrtModel(path, threads=2, low_memory=True).session.run(["logits"], {"input_ids": ids})[0]
+        got = OrtModel(path, threads=2, low_memory=True).ort.logits(ids)
         res.shapes = f"input_ids {batch}x{seq}"
     res.verdict = judge(got, ref.eager, ref.ref64, dtype)
     if not res.verdict.passed:

@@ -96,23 +96,22 @@ def _ort_logits(path, feeds):
 
     from ..runtime import open_session
 
-    session = open_session(path, providers=["CPUExecutionProvider"])
+    session = open_session(path, providers=["cpu"])
     return session.run(["logits"], feeds)[0].astype(np.float64)
 
 
 def _check(model, target) -> None:
     """The written file must load in ONNX Runtime: a tool's output that does not is refused, not saved."""
-    import onnxruntime as ort
-
     from ..errors import OnnxModelError
+    from ..runners.ort_runner import open_session
 
     if model.ByteSize() >= 2**31:
         return  # ORT cannot take it from memory; it is checked when loaded from the file
     try:
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    except Exception as e:
+        open_session(model.SerializeToString(), providers=["cpu"])
+    except OnnxModelError as e:
         raise OnnxModelError(f"{target}: the converted model does not load in ONNX Runtime "
-                             f"({str(e).splitlines()[0][:300]}); nothing written") from None
+                             f"({e.cause[:300]}); nothing written") from None
 
 
 def register(subparsers) -> None:

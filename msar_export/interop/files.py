@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import OnnxModelError
 from ..fileio import check_output_file, os_errors_as_output_errors, scratch_dir_beside
-from ..onnx_file import inspect_onnx
+from ..graph_file import ExportedGraph
 
 TWO_GB = 2**31
 
@@ -18,8 +18,8 @@ def load_whole(path) -> tuple[object, bool]:
     import onnx
 
     path = Path(path)
-    model = inspect_onnx(path)  # checks every external-data location first
-    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    graph = ExportedGraph.open(path, weights=True)  # checks every external-data location first
+    model, external = graph.proto, graph.uses_external_data
     if external:
         try:
             onnx.load_external_data_for_model(model, str(path.parent))

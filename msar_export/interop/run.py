@@ -5,30 +5,23 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import MSARConfig
-from ..errors import OnnxModelError
-from ..graph_spec import META_CONFIG
+from ..graph_file import ExportedGraph
 
 
 def config_of_model(model) -> MSARConfig:
-    meta = {p.key: p.value for p in model.metadata_props}
-    if META_CONFIG not in meta:
-        raise OnnxModelError("no msar.config metadata; export the file with `msar-export export`")
-    return MSARConfig.from_json(meta[META_CONFIG])
+    """The config in a loaded model's msar.config metadata (ExportedGraph reads it)."""
+    return ExportedGraph.from_proto(model).config
 
 
 def seeded_feeds(model, batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
     """input_ids (and, for a decode graph, a full mask, positions and empty caches)."""
-    from ..graph_spec import GraphSpec
+    from ..graph_spec import ATTENTION_MASK, GraphSpec
 
     cfg = config_of_model(model)
     names = {i.name for i in model.graph.input}
     ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch, seq)).astype(np.int64)
-    feeds = {"input_ids": ids}
-    if "attention_mask" in names:
-        dtype = _float_input_dtype(model)
-        feeds["attention_mask"] = np.ones((batch, seq), np.int64)
-        feeds["position_ids"] = np.tile(np.arange(seq, dtype=np.int64), (batch, 1))
-        feeds.update(GraphSpec(cfg, decode=True).empty_cache(batch, dtype))
+    spec = GraphSpec(cfg, decode=ATTENTION_MASK in names)
+    feeds = spec.fresh_feeds(ids, _float_input_dtype(model) if spec.decode else None)
     return {k: v for k, v in feeds.items() if k in names}
 
 

@@ -2,8 +2,10 @@
 
 - `eager`:  `TorchRunner`, our own PyTorch runner over `MSARLM.forward_with_hidden`
   (Polygraphy's `PytRunner` forces CUDA and returns a tuple, so it is not used).
-- `onnxrt`: Polygraphy's `OnnxrtRunner` over a copy of the graph whose `hidden.{l}`
-  values are marked as extra outputs (Polygraphy's `ModifyOutputs` loader).
+- `ort_runner`: the one ONNX Runtime runner (`OrtRunner`, and `OrtGraph` with the
+  prefill `logits()` and decode `step()` that runtime, serving, bench and export
+  validation use); every session option is decided there.  `onnxrt` hands it the
+  graph as opened once (`graph_file.ExportedGraph`), `hidden.{l}` marked as outputs.
 - `trt`:    Polygraphy's `TrtRunner`, from a serialised engine or built from the
   ONNX graph with the same outputs marked; TensorRT is imported lazily.
 

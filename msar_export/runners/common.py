@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..graph_spec import INPUT_IDS as INPUT_NAME
+import contextlib
+
+from ..graph_spec import INPUT_IDS as INPUT_NAME  # noqa: F401  (re-exported: compare.inputs, runners)
 from ..graph_spec import LOGITS as LOGITS_NAME
 from ..graph_spec import hidden_index, hidden_name
 
@@ -20,3 +22,20 @@ def layer_order(cfg) -> list[str]:
 def layer_index(name: str) -> int | None:
     """`hidden.3` -> 3; `logits` -> None."""
     return hidden_index(name)
+
+
+@contextlib.contextmanager
+def quiet_polygraphy(verbose: bool = False):
+    """Polygraphy logs every step to stdout; the check prints its own report instead."""
+    from polygraphy.logger import G_LOGGER
+
+    if verbose:
+        yield
+        return
+    colors = G_LOGGER.colors
+    G_LOGGER.colors = False  # also skips its "colored is not installed" notice
+    try:
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
+            yield
+    finally:
+        G_LOGGER.colors = colors

@@ -1,67 +1,35 @@
-"""ONNX Runtime through Polygraphy: `OnnxrtRunner` over a copy of the graph with
-every `hidden.{l}` marked as an extra output (Polygraphy's `ModifyOutputs`)."""
+"""ONNX Runtime over an exported graph, from the package's side: the file is opened
+once (`ExportedGraph`: a clear error for an unusable file, its external data
+checked), then the one runner (`ort_runner`) gets the path or, for the parity
+check, the parsed graph with every `hidden.{l}` marked as an extra output."""
 
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 
-from polygraphy.backend.base import BaseLoader
+from ..graph_file import ExportedGraph
+from .ort_runner import OrtGraph, OrtRunner
+
+
+def _opened(graph) -> ExportedGraph:
+    return graph if isinstance(graph, ExportedGraph) else ExportedGraph.open(graph)
 
 
 def uses_external_data(path: str | os.PathLike) -> bool:
     """Whether the model at `path` keeps its weights in a separate file (> 2 GB exports)."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data as tensor_uses
-
-    proto = onnx.load(str(path), load_external_data=False)
-    return any(tensor_uses(t) for t in proto.graph.initializer)
+    return _opened(path).uses_external_data
 
 
-class SessionFromOnnxCopy(BaseLoader):
-    """Lazy: a (modified) ONNX model too big for bytes -> saved with external data
-    into a temporary directory -> onnxruntime.InferenceSession.  ONNX Runtime reads
-    the files while the session is created, so the directory is removed right after."""
-
-    def __init__(self, model, providers=None):
-        self.model = model
-        self.providers = providers
-
-    def call_impl(self):
-        from polygraphy.backend.onnx import SaveOnnx
-        from polygraphy.backend.onnxrt import SessionFromOnnx
-
-        with tempfile.TemporaryDirectory(prefix="msar-check-") as tmp:
-            path = str(Path(tmp) / "model.onnx")
-            SaveOnnx(self.model, path=path, external_data_path="model.onnx.data")()
-            return SessionFromOnnx(path, providers=self.providers)()
+def open_graph(path, **session) -> tuple[ExportedGraph, OrtGraph]:
+    """(the file opened once, an ONNX Runtime session over it); OnnxModelError, one line,
+    for a file that is unusable or that ONNX Runtime cannot load."""
+    graph = _opened(path)
+    return graph, OrtGraph(graph.path, label=str(graph.path), **session)
 
 
-class SessionOrModelError(BaseLoader):
-    """A session loader whose failure is the graph's fault (ORT cannot load it): an
-    OnnxModelError (one line, exit 2), not a backend verdict or a traceback."""
-
-    def __init__(self, loader, path):
-        self.loader, self.path = loader, path
-
-    def call_impl(self):
-        from ..errors import OnnxModelError, first_line
-
-        try:
-            return self.loader()
-        except Exception as e:
-            raise OnnxModelError(f"{self.path}: ONNX Runtime cannot load this graph ({first_line(e)[:300]})") from None
-
-
-def onnxrt_runner(onnx_path: str | os.PathLike, outputs: list[str], providers=("cpu",), name: str = "onnxrt"):
-    """OnnxrtRunner whose outputs are exactly `outputs` (e.g. logits and hidden.1..L+1)."""
-    from polygraphy.backend.onnx import BytesFromOnnx, ModifyOutputs, OnnxFromPath
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-
-    model = ModifyOutputs(OnnxFromPath(str(onnx_path)), outputs=list(outputs))
-    if uses_external_data(onnx_path):
-        session = SessionFromOnnxCopy(model, providers=list(providers))
-    else:
-        session = SessionFromOnnx(BytesFromOnnx(model), providers=list(providers))
-    return OnnxrtRunner(SessionOrModelError(session, onnx_path), name=name)
+def onnxrt_runner(graph, outputs: list[str], providers=("cpu",), name: str = "onnxrt") -> OrtRunner:
+    """OrtRunner whose outputs are exactly `outputs` (e.g. logits and hidden.1..L+1); `graph`:
+    an ExportedGraph or a path.  The session reads the weights from the model's folder."""
+    graph = _opened(graph)
+    return OrtRunner(lambda: graph.model_bytes(extra_outputs=outputs), name=name, outputs=list(outputs), providers=list(providers),
+                     external_folder=graph.path.parent, label=str(graph.path), what="graph")

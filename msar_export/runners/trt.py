@@ -3,7 +3,7 @@ modules are imported only here and only when asked for, so a machine without
 them runs everything else.
 
 Engines are made by the same loader chain as `msar-export build`
-(msar_export.build.loaders: strongly typed, no precision flags, TF32 off, the
+(msar_export.engines.loaders: strongly typed, no precision flags, TF32 off, the
 plugins loaded by LoadPlugins); Polygraphy only deserialises and runs them.
 """
 
@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BackendUnavailable, InputError
-from ..graph_spec import LOGITS, META_CONFIG, GraphSpec
+from ..graph_spec import LOGITS, GraphSpec
 
 
 def tensorrt_unavailable() -> str | None:
     """None when a TensorRT engine can be built and run here (TensorRT or
     TensorRT-RTX imports, and a GPU it runs on is present), else the reason (used
     verbatim in reports)."""
-    from ..build.backends import backend_unavailable
+    from ..engines.backends import backend_unavailable
 
     backend = choose_backend()
     if backend is None:
@@ -33,7 +33,7 @@ def tensorrt_unavailable() -> str | None:
 
 def choose_backend() -> str | None:
     """The backend an in-memory check engine is built with: TensorRT, else TensorRT-RTX, else None."""
-    from ..build.backends import installed_backends
+    from ..engines.backends import installed_backends
 
     have = installed_backends()
     return have[0] if have else None
@@ -44,7 +44,7 @@ def engine_not_run_reason(engine_path, meta, backend: str | None = None) -> str 
 
     For a built engine the reason says it was built and checked against its
     metadata, so `check --engine` reports in one line what it did and did not do."""
-    from ..build.backends import backend_unavailable, cannot_run_reason, get_backend
+    from ..engines.backends import backend_unavailable, cannot_run_reason, get_backend
 
     backend = backend or meta.builder.get("backend", "tensorrt")
     label = get_backend(backend).label
@@ -90,8 +90,8 @@ def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str
                            backend: str = "tensorrt"):
     """TrtRunner over a serialised engine; the plugin libraries are loaded (LoadPlugins:
     static registration, else the registry's load_library) before it is deserialised."""
-    from ..build.backends import import_backend
-    from ..build.loaders import LoadPlugins
+    from ..engines.backends import import_backend
+    from ..engines.loaders import LoadPlugins
 
     ptrt = polygraphy_trt(backend)
     trt = import_backend(backend)
@@ -114,10 +114,10 @@ def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], preci
     `precision` only names the tolerance preset: the network is strongly typed,
     so the engine computes in the ONNX file's precision, like the one `build`
     ships. TF32 is off, so the float32 preset applies."""
-    from ..build.backends import import_backend
-    from ..build.loaders import CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnx, make_logger
-    from ..build.onnx_info import read_onnx
-    from ..build.profiles import DimRange, input_profiles
+    from ..engines.backends import import_backend
+    from ..engines.loaders import CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnx, make_logger
+    from ..engines.onnx_info import read_onnx
+    from ..engines.profiles import DimRange, input_profiles
 
     backend = backend or choose_backend() or "tensorrt"
     ptrt = polygraphy_trt(backend)
@@ -145,11 +145,9 @@ class TrtDecoder:
     runner interface (context manager + infer(feed_dict)); default a TrtRunner."""
 
     def __init__(self, engine_path, onnx_path, plugins=(), runner=None):
-        import onnx
-
-        from ..build.metadata import verify_engine_metadata
-        from ..config import MSARConfig
-        from ..errors import EngineError, OnnxModelError
+        from ..engines.metadata import verify_engine_metadata
+        from ..errors import EngineError
+        from ..graph_file import ExportedGraph
 
         self.meta = verify_engine_metadata(engine_path, onnx_path, check_plugin_paths(plugins))
         if self.meta.builder.get("graph") != "decode":
@@ -158,10 +156,7 @@ class TrtDecoder:
         if self.meta.dtype not in ("float32", "float16"):
             raise EngineError(f"{Path(engine_path).name} is {self.meta.dtype}: its cache cannot be fed from numpy; "
                               "build the float32 or float16 decode graph")
-        props = {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
-        if META_CONFIG not in props:
-            raise OnnxModelError(f"{onnx_path}: no {META_CONFIG} metadata; export it with `msar-export export`")
-        self.cfg = MSARConfig.from_json(props[META_CONFIG])
+        self.cfg = ExportedGraph.open(onnx_path).config
         self.spec = GraphSpec(self.cfg, decode=True)
         self.cache_dtype = np.float16 if self.meta.dtype == "float16" else np.float32
         if runner is None:
@@ -175,10 +170,9 @@ class TrtDecoder:
         return self.spec.empty_cache(batch, self.cache_dtype)
 
     def step(self, input_ids, attention_mask, position_ids, cache):
-        from ..build.metadata import check_input_shapes
+        from ..engines.metadata import check_input_shapes
 
-        feeds = {"input_ids": np.asarray(input_ids, np.int64), "attention_mask": np.asarray(attention_mask, np.int64),
-                 "position_ids": np.asarray(position_ids, np.int64), **cache}
+        feeds = self.spec.feeds(input_ids, attention_mask, position_ids, cache)
         check_input_shapes(self.meta, {k: tuple(v.shape) for k, v in feeds.items()})  # one line, before TensorRT
         outs = {k: np.asarray(v.cpu() if hasattr(v, "cpu") else v) for k, v in self.runner.infer(feeds).items()}
         return outs[LOGITS], self.spec.next_cache(outs)

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/msarKernelAttrs.h"
 #include "../common/msarKernelTypes.h"
 
 #ifdef __cplusplus
@@ -28,7 +29,7 @@ typedef struct MsarDepthRetrievalArgs
     int64_t seq;                /* T */
     int64_t n_streams;          /* m */
     int64_t d;                  /* channels */
-    float eps;                  /* key RMSNorm epsilon */
+    MSAR_DEPTHRETRIEVAL_ATTR_ARGS /* generated (msarKernelAttrs.h): eps, the key RMSNorm epsilon */
     void* out;                  /* [B, T, m, d] */
 } MsarDepthRetrievalArgs;
 

@@ -21,7 +21,7 @@ int32_t DepthRetrievalPlugin::launch(
     a.seq = mDims.seq;
     a.n_streams = mDims.m;
     a.d = mDims.d;
-    a.eps = mAttrs.eps;
+    setDepthRetrievalKernelAttrs(a, mAttrs);
     a.out = outputs[0];
     return dispatchDType(type, [&](auto tag) { return depthRetrievalForward<ElementOf<decltype(tag)>>(a, stream); });
 }

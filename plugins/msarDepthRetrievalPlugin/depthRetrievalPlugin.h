@@ -10,7 +10,7 @@
 #include "NvInferRuntime.h"
 
 #include "../common/msarPluginBase.h"
-#include "../common/msarPluginLogic.h"
+#include "depthRetrievalRules.h"
 
 #include <vector>
 

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/msarKernelAttrs.h"
 #include "../common/msarKernelTypes.h"
 
 #ifdef __cplusplus
@@ -37,9 +38,9 @@ typedef struct MsarFusedMixerArgs
     int64_t seq;                   /* T */
     int64_t d;                     /* channels */
     int64_t conv_rows;             /* N >= n */
-    int32_t const* stream_kernels; /* HOST array of n_streams kernel sizes, first is 1 */
-    int32_t n_streams;             /* m, 1..MSAR_MAX_STREAMS */
-    float eps;                     /* key RMSNorm epsilon */
+    /* the attributes (msarKernelAttrs.h, generated): stream_kernels (HOST array of n_streams kernel sizes,
+       first is 1), n_streams (m, 1..MSAR_MAX_STREAMS), eps (key RMSNorm epsilon) */
+    MSAR_FUSEDMIXER_ATTR_ARGS
     void* out;                     /* [B, T, d] */
     void* workspace;               /* device scratch: msarFusedMixerWorkspaceSize bytes (taps, then split partials) */
     size_t workspace_size;

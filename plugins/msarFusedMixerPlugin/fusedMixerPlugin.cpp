@@ -22,7 +22,7 @@ size_t workspaceFor(FusedMixerAttrs const& a, int32_t nSources, int64_t d)
     {
         return 0;
     }
-    return msarFusedMixerWorkspaceSize(nSources, d, a.streamKernels.data(), a.nStreams());
+    return msarFusedMixerWorkspaceSize(nSources, d, a.stream_kernels.data(), a.nStreams());
 }
 
 } // namespace
@@ -61,7 +61,7 @@ void const* FusedMixerPlugin::prepareTaps(DType type, void const* convWeight, cu
         return nullptr;
     }
     // Only the taps: the workspace keeps the split-source scratch, shared by all layers.
-    size_t const need = msarFusedMixerTapsSize(mDims.n, mDims.d, mAttrs.streamKernels.data(), mAttrs.nStreams());
+    size_t const need = msarFusedMixerTapsSize(mDims.n, mDims.d, mAttrs.stream_kernels.data(), mAttrs.nStreams());
     if (mTaps != nullptr && mTapsFrom == convWeight && mTapsSources == mDims.n && mTapsBytes >= need)
     {
         return mTaps; // prepared by an earlier enqueue
@@ -82,7 +82,7 @@ void const* FusedMixerPlugin::prepareTaps(DType type, void const* convWeight, cu
         mTapsBytes = need;
     }
     int32_t const status = msarFusedMixerPrepareTaps(static_cast<int32_t>(type), convWeight, mDims.n, mDims.d,
-        mAttrs.streamKernels.data(), mAttrs.nStreams(), mTaps, mTapsBytes, stream);
+        mAttrs.stream_kernels.data(), mAttrs.nStreams(), mTaps, mTapsBytes, stream);
     if (status != MSAR_STATUS_OK)
     {
         mTapsFrom = nullptr;
@@ -108,9 +108,7 @@ int32_t FusedMixerPlugin::launch(
     a.seq = mDims.seq;
     a.d = mDims.d;
     a.conv_rows = mDims.rows;
-    a.stream_kernels = mAttrs.streamKernels.data();
-    a.n_streams = mAttrs.nStreams();
-    a.eps = mAttrs.eps;
+    setFusedMixerKernelAttrs(a, mAttrs);
     a.out = outputs[0];
     a.workspace = workspace;
     a.workspace_size = workspaceFor(mAttrs, mDims.n, mDims.d);

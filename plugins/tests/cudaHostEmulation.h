@@ -14,7 +14,8 @@
  * is recorded and the launch reports cudaErrorMisalignedAddress, as a GPU
  * would.
  *
- * Usage: #include this header, then the .cu files (see emulationLib.cpp).
+ * Usage: force-included before each .cu file compiled as C++ (-include; the
+ * msar_emulation target of plugins/tests/CMakeLists.txt).
  */
 #ifndef MSAR_CUDA_HOST_EMULATION_H
 #define MSAR_CUDA_HOST_EMULATION_H

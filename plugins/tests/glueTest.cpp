@@ -8,14 +8,13 @@
  * the CPU. Each enqueue is compared with a direct call of the kernel C ABI
  * whose arguments are filled by name, which checks the glue's plumbing.
  *
- * Built and run by tests/test_plugins.py when TENSORRT_INCLUDE_DIR is set:
- *   g++ -std=c++20 -pthread -DMSAR_STATIC_REGISTRATION=0 -I$TENSORRT_INCLUDE_DIR -I$CUDA/include \
- *       plugins/tests/glueTest.cpp plugins/tests/emulationLib.cpp plugins/common/msarPlugins.cpp \
- *       plugins/msarFusedMixerPlugin/fusedMixerPlugin.cpp plugins/msarDepthRetrievalPlugin/depthRetrievalPlugin.cpp
+ * The glueTest target of plugins/CMakeLists.txt (CTest), configured when the
+ * TensorRT headers are found; run by tests/test_plugins.py when
+ * TENSORRT_INCLUDE_DIR is set.
  */
 #include "NvInferRuntime.h"
 
-#include "../common/msarPluginLogic.h"
+#include "../msarDepthRetrievalPlugin/depthRetrievalRules.h"
 #include "../msarDepthRetrievalPlugin/depthRetrievalKernel.h"
 #include "../msarFusedMixerPlugin/fusedMixerKernel.h"
 #include "../msarFusedMixerPlugin/fusedMixerPlugin.h"

@@ -2,7 +2,7 @@
  * Index arithmetic and launch plans of the kernels at shapes far too large to
  * allocate here (B*T*d above 2^31), plus the emulation's alignment fault.
  * Built and run by tests/test_kernel_shapes.py:
- *   g++ -std=c++20 -pthread -Wall -Wextra -Werror -I<cuda include> plugins/tests/indexTest.cpp
+ *   the indexTest target of plugins/CMakeLists.txt (CTest)
  * Prints "indexTest: N checks passed" or the first failure (exit 1).
  */
 #include "cudaHostEmulation.h"

@@ -1,11 +1,13 @@
 /*
- * Checks of common/msarPluginLogic.h (no TensorRT, no CUDA runtime): the
- * attribute codec and its serialisation round trip, shape rules and the
- * dtype table. Built and run by tests/test_plugins.py:
- *   g++ -std=c++17 -Wall -Wextra -Werror -I plugins/common plugins/tests/logicTest.cpp
+ * Checks of the host rules (common/msarPluginLogic.h, the generated
+ * common/msarOpContracts.h and each plugin folder's xRules.h; no TensorRT, no
+ * CUDA runtime): the attribute codec and its serialisation round trip, shape
+ * rules and the dtype table. The logicTest target of plugins/CMakeLists.txt
+ * (CTest), run by tests/test_plugins.py.
  * Prints "logicTest: N checks passed" or the first failure (exit 1).
  */
-#include "msarPluginLogic.h"
+#include "msarDepthRetrievalPlugin/depthRetrievalRules.h"
+#include "msarFusedMixerPlugin/fusedMixerRules.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -90,7 +92,7 @@ void testFieldNames()
 {
     // Creator field names == serialised field names == ONNX attribute names.
     FusedMixerAttrs a;
-    a.streamKernels = {1, 4, 8, 12};
+    a.stream_kernels = {1, 4, 8, 12};
     auto const ser = fusedMixerFieldsToSerialize(a);
     CHECK(ser.size() == sizeof(kFusedMixerFields) / sizeof(kFusedMixerFields[0]));
     for (size_t i = 0; i < ser.size(); ++i)
@@ -114,12 +116,12 @@ void testFieldNames()
 void testAttributes()
 {
     FusedMixerAttrs a;
-    a.streamKernels = {1, 4, 8, 12};
+    a.stream_kernels = {1, 4, 8, 12};
     a.eps = 1e-5F;
     CHECK(roundTrip(a) == a);
     CHECK(a.nStreams() == 4 && a.taps() == 24 && a.kmax() == 12);
     FusedMixerAttrs one;
-    one.streamKernels = {1};
+    one.stream_kernels = {1};
     CHECK(roundTrip(one) == one && one.taps() == 0 && one.kmax() == 1);
 
     DepthRetrievalAttrs d;
@@ -137,14 +139,14 @@ void testAttributes()
         {"plugin_namespace", FieldKind::kCHAR, "", 0},
     };
     FusedMixerAttrs const p = parseFusedMixerFields(parsed, 4);
-    CHECK(p.streamKernels == std::vector<int32_t>({1, 3, 5}) && p.eps == eps);
+    CHECK(p.stream_kernels == std::vector<int32_t>({1, 3, 5}) && p.eps == eps);
     // eps is optional (default 1e-6), stream_kernels is not.
-    CHECK(parseFusedMixerFields(parsed, 1).eps == kDefaultEps);
+    CHECK(parseFusedMixerFields(parsed, 1).eps == FusedMixerAttrFields{}.eps);
     EXPECT_ERROR(parseFusedMixerFields(parsed + 1, 1), "stream_kernels is required");
 
     FieldView const unknown[] = {{"stream_kernels", FieldKind::kINT32, ks, 3}, {"alpha", FieldKind::kFLOAT32, &eps, 1}};
-    EXPECT_ERROR(parseFusedMixerFields(unknown, 2),
-        "FusedMixer: unknown attribute 'alpha' (known: stream_kernels, eps, plugin_version, plugin_namespace)");
+    // The list of known names is the generated field table's (so a new attribute needs no edit here).
+    EXPECT_ERROR(parseFusedMixerFields(unknown, 2), "FusedMixer: unknown attribute 'alpha' (known: stream_kernels, eps, ");
     FieldView const wrongType[] = {{"stream_kernels", FieldKind::kFLOAT32, &eps, 1}};
     EXPECT_ERROR(parseFusedMixerFields(wrongType, 1), "must be INT32");
     int32_t const badFirst[] = {2, 3};
@@ -168,19 +170,19 @@ void testAttributes()
         "DepthRetrieval: unknown attribute 'stream_kernels' (known: eps, plugin_version, plugin_namespace)");
     // A serialised C string may carry its terminator.
     FieldView const terminated[] = {{"stream_kernels", FieldKind::kINT32, ks, 3}, {"plugin_version", FieldKind::kCHAR, "1", 2}};
-    CHECK(parseFusedMixerFields(terminated, 2).streamKernels.size() == 3);
+    CHECK(parseFusedMixerFields(terminated, 2).stream_kernels.size() == 3);
 }
 
 void testFusedMixerShapes()
 {
     FusedMixerAttrs a;
-    a.streamKernels = {1, 4, 8, 12};
-    auto s = mixerShapes(a.streamKernels, 3, 64, 2, 17, 5);
+    a.stream_kernels = {1, 4, 8, 12};
+    auto s = mixerShapes(a.stream_kernels, 3, 64, 2, 17, 5);
     FusedMixerDims const r = checkFusedMixerShapes(a, s.data(), 8, 1, true);
     CHECK(r.n == 3 && r.m == 4 && r.taps == 24 && r.rows == 5 && r.batch == 2 && r.seq == 17 && r.d == 64);
 
     // Build time: batch and sequence unknown.
-    auto dyn = mixerShapes(a.streamKernels, 2, 64, -1, -1, 5);
+    auto dyn = mixerShapes(a.stream_kernels, 2, 64, -1, -1, 5);
     FusedMixerDims const rd = checkFusedMixerShapes(a, dyn.data(), 7, 1, false);
     CHECK(rd.batch == -1 && rd.seq == -1 && rd.d == 64);
     EXPECT_ERROR(checkFusedMixerShapes(a, dyn.data(), 7, 1, true), "unresolved dimension");
@@ -219,7 +221,7 @@ void testFusedMixerShapes()
     EXPECT_ERROR(checkFusedMixerShapes(a, bad.data(), 8, 1, true), "axis 2 must be d");
     EXPECT_ERROR(checkFusedMixerShapes(a, s.data(), 5, 1, true), "at least one source");
     EXPECT_ERROR(checkFusedMixerShapes(a, s.data(), 8, 2, true), "1 output");
-    auto many = mixerShapes(a.streamKernels, kMaxSources + 1, 8, 1, 1, kMaxSources + 1);
+    auto many = mixerShapes(a.stream_kernels, kMaxSources + 1, 8, 1, 1, kMaxSources + 1);
     EXPECT_ERROR(checkFusedMixerShapes(a, many.data(), static_cast<int32_t>(many.size()), 1, true), "at most");
 }
 

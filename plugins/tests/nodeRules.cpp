@@ -2,9 +2,9 @@
  * The plugins' own build-time rules, applied to msar nodes described on stdin
  * (no TensorRT, no CUDA): attribute parsing (the creator's field codec), the
  * type rule (checkOpTypes) and the shape rule (check*Shapes, exact=false as at
- * build time) of common/msarPluginLogic.h. tests/test_rtx.py feeds it every
+ * build time) of the plugin folders' rules. tests/test_rtx.py feeds it every
  * custom node of every exported graph:
- *   g++ -std=c++17 -I plugins/common plugins/tests/nodeRules.cpp -o nodeRules
+ *   cmake --build BUILD --target nodeRules   (plugins/CMakeLists.txt)
  *
  * One node per line, fields separated by ';':
  *   OP;i NAME=v,v,...;f NAME=v;s NAME=text;t DTYPE D0xD1x...;t ...
@@ -13,7 +13,8 @@
  *   ok DTYPE D0xD1x...        the output type and shape the plugin would report
  *   error MESSAGE             the plugin's own message
  */
-#include "msarPluginLogic.h"
+#include "msarDepthRetrievalPlugin/depthRetrievalRules.h"
+#include "msarFusedMixerPlugin/fusedMixerRules.h"
 
 #include <iostream>
 #include <sstream>
@@ -71,7 +72,9 @@ std::string shapeText(std::vector<int64_t> const& dims)
     std::string out;
     for (size_t i = 0; i < dims.size(); ++i)
     {
-        out += (i ? "x" : "") + std::to_string(dims[i]);
+        // Two appends: `"x" + std::to_string(...)` trips g++ 12's false -Wrestrict at -O3 (GCC bug 105329).
+        out += i ? "x" : "";
+        out += std::to_string(dims[i]);
     }
     return out;
 }

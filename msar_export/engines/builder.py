@@ -1,0 +1,165 @@
+"""`msar-export build`: exported ONNX -> TensorRT engine (+ metadata JSON).
+
+TensorRT is imported lazily, so the rest of msar-export works without it.
+The network is strongly typed: precision comes from the ONNX file (export it
+with `--dtype`), `dtype` here only checks that the file is what you expect.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import BackendUnavailable, InputError, OnnxModelError
+from .backends import _cc, check_compute_capabilities, get_backend, import_backend, parse_compute_capabilities
+from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
+from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.engines.builder.make_logger)
+from .metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
+from .onnx_info import OnnxInfo, read_onnx
+from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_profile
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def import_tensorrt(backend: str = "tensorrt"):
+    """`import tensorrt` (or tensorrt_rtx), or BackendUnavailable with what to do."""
+    if backend == "tensorrt":
+        try:
+            import tensorrt
+        except Exception as e:  # ImportError, or OSError from a broken install's libraries
+            raise BackendUnavailable(f"TensorRT is not installed (import tensorrt failed: {e}); "
+                                     "build engines on a machine with TensorRT, or use --backend tensorrt-rtx "
+                                     "(pip install -e '.[rtx]': its builder needs no GPU)") from None
+        return tensorrt
+    return import_backend(backend)
+
+
+@dataclass
+class BuildReport:
+    plan: Path
+    metadata: Path
+    plan_bytes: int
+    seconds: float
+    plugin_layers: int
+    meta: EngineMetadata
+    inspection: EngineInspection | None = None
+
+    def summary(self) -> str:
+        shapes = ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in self.meta.shapes.items())
+        b = self.meta.builder
+        label = "TensorRT-RTX" if b.get("backend") == "tensorrt-rtx" else "TensorRT"
+        lines = [
+            f"built {self.plan} ({self.meta.dtype}, {label} {self.meta.tensorrt_version}, "
+            f"{self.plan_bytes / 1e6:.1f} MB, {self.seconds:.1f} s)",
+            f"  plugin layers: {self.plugin_layers}   profile: {shapes}   tf32: {'on' if b.get('tf32') else 'off'}"
+            + (f"   targets: {', '.join(_cc(n) for n in b['compute_capabilities'])}"
+               if b.get("compute_capabilities") else ""),
+        ]
+        if self.inspection is not None:
+            ins = self.inspection
+            io = list(ins.io.items())
+            if len(io) <= 4:
+                io_text = ", ".join(f"{k} {v[0].lower()} {v[1]}" for k, v in io)
+            else:
+                counts: dict[str, int] = {}
+                for _, (mode, t) in io:
+                    counts[f"{mode.lower()} {t}"] = counts.get(f"{mode.lower()} {t}", 0) + 1
+                io_text = f"{len(io)} I/O tensors (" + ", ".join(f"{n} {k}" for k, n in counts.items()) + ")"
+            lines.append(f"  engine: {len(ins.engine_layers)} layers ({len(ins.engine_plugin_layers)} plugin), "
+                         + io_text)
+        lines.append(f"  metadata: {self.metadata}")
+        return "\n".join(lines)
+
+
+def load_plugins(trt, libs: list[Path], needed: list[str]) -> None:
+    """Load plugin libraries and check every op in `needed` has a creator (loaders.LoadPlugins)."""
+    LoadPlugins(trt, libs, needed)()
+
+
+def _check_dtype(info: OnnxInfo, dtype: str | None) -> str:
+    if dtype is not None and dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype is not None and info.dtype is not None and dtype != info.dtype:
+        raise OnnxModelError(f"{info.path.name} was exported as {info.dtype}, not {dtype}: engines are strongly typed "
+                             f"and take their precision from the ONNX file; re-export with "
+                             f"`msar-export export --dtype {dtype}` or drop --dtype")
+    return dtype or info.dtype or "float32"
+
+
+def _ranges(info: OnnxInfo, shapes) -> dict[str, DimRange]:
+    ranges = default_ranges(info.graph, info.max_seq_len)
+    ranges.update(shapes if isinstance(shapes, dict) else parse_profile(shapes))
+    return ranges
+
+
+def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtype: str | None = None,
+                 shapes: dict[str, DimRange] | list[str] | str | None = None,
+                 plugin_libs: list[str | os.PathLike] | tuple = (), timing_cache: str | os.PathLike | None = None,
+                 workspace_gb: float | None = None, verbose: bool = False,
+                 progress: Callable[[str], None] | None = None, backend: str = "tensorrt",
+                 compute_capabilities=None, tf32: bool = False) -> BuildReport:
+    """Build `out_plan` from `onnx_path` and write `<out_plan>.json` next to it.
+
+    shapes: min/opt/max per dim name (batch, seq, past), as DimRange objects or
+    "batch=1/4/8,seq=1/128/512" strings; unspecified dims get defaults.
+    plugin_libs: libmsar_plugins.so (needed when the file has msar custom nodes).
+    timing_cache: read if it exists, written back after the build.
+    backend: "tensorrt" or "tensorrt-rtx" (builds without a GPU).
+    compute_capabilities: TensorRT-RTX targets, e.g. ["8.6", "12.0"] (default: the library's).
+    tf32: allow TF32 for float32 matmuls (off by default; recorded in the metadata).
+    """
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    onnx_path, out_plan = Path(onnx_path), Path(out_plan)
+    get_backend(backend)
+    if not onnx_path.is_file():
+        raise OnnxModelError(f"ONNX file {onnx_path} does not exist")
+    libs = [Path(p).resolve() for p in plugin_libs]
+    for lib in libs:
+        if not lib.is_file():
+            raise InputError(f"plugin library {lib} does not exist; build it with cmake (docs/tensorrt.md)")
+    if out_plan.resolve() == onnx_path.resolve():
+        raise InputError("the engine path is the ONNX path; choose another -o")
+    if isinstance(shapes, (str, list)):
+        parse_profile(shapes)  # user errors before the slow parts
+    targets = parse_compute_capabilities(compute_capabilities)
+    if targets and backend != "tensorrt-rtx":
+        raise InputError("--compute-capability is a TensorRT-RTX option; add --backend tensorrt-rtx")
+    trt = import_tensorrt(backend)
+    check_compute_capabilities(trt, targets)
+
+    info = read_onnx(onnx_path)
+    dtype = _check_dtype(info, dtype)
+    if info.custom_ops and not libs:
+        ops = ", ".join(f"msar::{k} x{v}" for k, v in sorted(info.custom_ops.items()))
+        raise OnnxModelError(f"{onnx_path.name} has msar custom nodes ({ops}); pass --plugins path/to/libmsar_plugins.so "
+                             "or export with --decomposed")
+    ranges = _ranges(info, shapes)
+    profiles = input_profiles(info.inputs, ranges)
+
+    logger = make_logger(trt, verbose, echo=lambda m: print(m, flush=True))
+    plugins = LoadPlugins(trt, libs, sorted(info.custom_ops)) if libs else None
+    network = NetworkFromOnnx(trt, info, logger, plugins, say=say)
+    cache = Path(timing_cache) if timing_cache is not None else None
+    config = CreateConfig(trt, profiles, tf32=tf32, workspace_gb=workspace_gb, timing_cache=cache,
+                          compute_capabilities=targets)
+    say(f"parsing {onnx_path} ({info.graph}, {dtype}) and building the engine with {get_backend(backend).label} "
+        f"{trt.__version__}")
+    built = SaveEngine(EngineFromNetwork(network, config), out_plan, cache)()
+    from .. import __version__
+
+    ins = built.inspection
+    meta = EngineMetadata(
+        tensorrt_version=trt.__version__, dtype=dtype, onnx=FileRecord.of(onnx_path),
+        plugins=[FileRecord.of(lib) for lib in libs], plan_sha256=sha256_file(out_plan), profiles=profiles,
+        shapes={k: ranges[k].as_list() for k in DIM_NAMES if k in ranges},
+        builder={"msar_export": __version__, "graph": info.graph, "plugin_layers": len(ins.plugin_layers),
+                 "backend": backend, "tf32": bool(tf32), "compute_capabilities": targets,
+                 "strongly_typed": True, "inspection": ins.summary(),
+                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    write_metadata(out_plan, meta)
+    return BuildReport(out_plan, metadata_path(out_plan), len(built.plan), time.perf_counter() - t0,
+                       len(ins.plugin_layers), meta, ins)

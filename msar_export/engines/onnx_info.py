@@ -1,0 +1,62 @@
+"""What the engine builder needs to know about an exported ONNX file: inputs
+and their symbolic dims, graph kind, precision, the msar custom nodes - and
+the model bytes the TensorRT parser gets, with the msar function bodies taken
+out so every msar node reaches its plugin.
+
+Why strip the bodies: the TensorRT ONNX parser imports a node whose op_type
+matches a model-local function *as that function* (onnx-tensorrt
+ModelImporter: local functions come before the plugin fallback), and it keys
+local functions by name only, while the exporter registers one overload per
+source count (`n1`, `n2`, ...) under the same name. Without the bodies the
+parser falls back to the plugin registry (name = op_type, plugin_version,
+plugin_namespace attributes), which is what `--plugins` asks for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import OnnxModelError
+from ..export.contracts import DOMAIN
+from ..graph_file import ExportedGraph
+from ..graph_spec import META_CONFIG
+
+
+@dataclass
+class OnnxInfo:
+    path: Path
+    inputs: list[tuple[str, list]]  # (name, dims: int or symbolic str)
+    graph: str  # "prefill" | "decode" (msar.graph metadata; "prefill" if absent)
+    dtype: str | None  # msar.dtype metadata
+    max_seq_len: int
+    custom_ops: dict[str, int] = field(default_factory=dict)  # op_type -> count (main graph)
+    parser_bytes: bytes = b""  # the model for the TensorRT parser (msar function bodies removed)
+
+
+def read_onnx(path: str | os.PathLike) -> OnnxInfo:
+    # Weights included: the TensorRT parser gets the bytes (OnnxModelError for a missing, empty,
+    # truncated or non-ONNX file, or external data outside the model's folder).
+    graph = ExportedGraph.open(path, weights=True)
+    max_seq_len = 512  # the profile's default; msar.config is read leniently (only this field is needed)
+    try:
+        max_seq_len = int(json.loads(graph.metadata.get(META_CONFIG, "{}")).get("max_seq_len", max_seq_len))
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        pass
+
+    inputs = []
+    for v in graph.inputs:
+        dims = []
+        for i, d in enumerate(v.type.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.dim_param:
+                dims.append(d.dim_param)
+            else:
+                raise OnnxModelError(f"input {v.name!r} has an unnamed dynamic dimension (axis {i}); "
+                                     "re-export the model with msar-export")
+        inputs.append((v.name, dims))
+    return OnnxInfo(path=graph.path, inputs=inputs, graph=graph.kind, dtype=graph.precision, max_seq_len=max_seq_len,
+                    custom_ops=graph.custom_ops, parser_bytes=graph.model_bytes(drop_function_domain=DOMAIN))

@@ -1,0 +1,252 @@
+"""An exported .onnx file, opened once: `ExportedGraph.open(path)`.
+
+One parse - by default the weightless skeleton reader (onnx_wire), which reads
+the file field by field and leaves large in-file weights where they lie - gives
+everything the stages ask of a file: the `msar.*` metadata and the config in it,
+the graph kind and its GraphSpec, the precision, the msar custom-op counts, the
+opsets and model-local functions, and the external-data files, each checked to
+stay inside the model's folder (a crafted file cannot make us read elsewhere).
+Build, compare, serving, bench and the ONNX Runtime runner all start here; no
+other module parses an exported file.  Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError, OnnxModelError
+from .graph_spec import ATTENTION_MASK, META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH, GraphSpec
+from .onnx_wire import LEAVE_OUT_ABOVE, load_without_weights
+from .untrusted import contained
+
+# export/contracts.DOMAIN, which lives under export/ (whose __init__ pulls in the exporter);
+# tests/test_graph_spec.py checks that the two agree.
+DOMAIN = "msar"
+
+
+
+def _parse(path: Path, weights: bool):
+    """The ModelProto at `path` (external data never loaded); weights=False: large in-file
+    weights left out too (onnx_wire).  The one place an exported file is parsed."""
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False) if weights else load_without_weights(path)
+
+
+def _external_entries(model):
+    """(tensor name, {key: value}) for every initializer stored outside the file."""
+    import onnx
+
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            yield init.name, {e.key: e.value for e in init.external_data}
+
+
+def external_data_files(model, path: str | os.PathLike, skip: str | None = None) -> dict[str, Path]:
+    """{location as written in the model: real path} of each external-data file, checked:
+    relative, inside the model's folder after symlinks, a regular file with one link,
+    and long enough for every tensor stored in it.  skip: a location not to check or
+    list (the skeleton's references to the model file itself)."""
+    path = Path(path)
+    files: dict[str, Path] = {}
+    need: dict[str, int] = {}
+    for name, entry in _external_entries(model):
+        loc = entry.get("location", "")
+        if skip is not None and loc == skip:
+            continue
+        if loc not in files:
+            files[loc] = contained(path.parent, loc, f"{path}: external data file", OnnxModelError)
+        try:
+            offset, length = int(entry.get("offset", 0)), int(entry.get("length", 0))
+        except ValueError:
+            raise OnnxModelError(f"{path}: external data of '{name}' has a non-integer offset or length") from None
+        if offset < 0 or length < 0:
+            raise OnnxModelError(f"{path}: external data of '{name}' has a negative offset or length")
+        need[loc] = max(need.get(loc, 0), offset + length)
+    for loc, real in files.items():
+        if real.stat().st_size < need[loc]:
+            raise OnnxModelError(f"{path}: external data file {loc!r} is truncated")
+    return files
+
+
+def _check_path(path: Path, label: str) -> None:
+    if not path.exists():
+        raise OnnxModelError(f"{label}{path}: no such file")
+    if path.is_dir():
+        raise OnnxModelError(f"{label}{path}: is a directory, expected an .onnx file")
+    if not path.is_file():
+        raise OnnxModelError(f"{label}{path}: not a regular file, expected an .onnx file")
+    if path.stat().st_size == 0:
+        raise OnnxModelError(f"{label}{path}: file is empty")
+
+
+@dataclass
+class ExportedGraph:
+    path: Path
+    proto: object  # onnx.ModelProto: without external data; weights=False: without large in-file weights
+    label: str = ""  # how errors name the file's option, e.g. "--onnx "
+    external_files: dict[str, Path] = field(default_factory=dict)  # {location: checked real path}
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, weights: bool = False, label: str = "") -> "ExportedGraph":
+        """Parse `path` once, or raise OnnxModelError with one line naming what is wrong."""
+        from google.protobuf.message import DecodeError
+
+        path = Path(path)
+        _check_path(path, label)
+        try:
+            proto = _parse(path, weights)
+        except (DecodeError, ValueError, RuntimeError, EOFError) as e:
+            raise OnnxModelError(f"{label}{path}: not an ONNX model or truncated "
+                                 f"(protobuf parse failed: {str(e)[:120]})") from None
+        # Protobuf parses many non-ONNX byte strings into an empty message.
+        if not proto.graph.node or not proto.graph.output:
+            raise OnnxModelError(f"{label}{path}: not an ONNX model or truncated (no graph nodes or outputs)")
+        files = external_data_files(proto, path, skip=None if weights else path.name)
+        return cls(path, proto, label, files)
+
+    @classmethod
+    def from_proto(cls, proto, path: str | os.PathLike = "the model") -> "ExportedGraph":
+        """A model already in memory (loaded with its weights, or built), read the same way."""
+        return cls(Path(path), proto)
+
+    # -- what the file says about itself ---------------------------------------------
+    @property
+    def metadata(self) -> dict[str, str]:
+        return {p.key: p.value for p in self.proto.metadata_props}
+
+    @property
+    def has_config(self) -> bool:
+        return META_CONFIG in self.metadata
+
+    @property
+    def config(self):
+        """The MSARConfig in msar.config, or OnnxModelError (not exported by msar-export, or unreadable)."""
+        from .config import MSARConfig
+
+        meta = self.metadata
+        if META_CONFIG not in meta:
+            raise OnnxModelError(f"{self.label}{self.path}: no {META_CONFIG} metadata, so it was not exported by "
+                                 "msar-export; export it with `msar-export export`")
+        try:
+            return MSARConfig.from_json(meta[META_CONFIG], "msar.config metadata")
+        except ConfigError as e:
+            raise OnnxModelError(f"{self.label}{self.path}: unreadable msar.config metadata ({e})") from None
+
+    @property
+    def kind(self) -> str:
+        """"prefill" | "decode": msar.graph, else whether the graph takes an attention mask."""
+        return self.metadata.get(META_GRAPH) or ("decode" if ATTENTION_MASK in self.input_names else "prefill")
+
+    @property
+    def decode(self) -> bool:
+        return self.kind == "decode"
+
+    @property
+    def spec(self) -> GraphSpec:
+        return GraphSpec(self.config, decode=self.decode)
+
+    @property
+    def precision(self) -> str | None:
+        """msar.dtype: the precision the graph computes in (None when absent)."""
+        return self.metadata.get(META_DTYPE)
+
+    @property
+    def decomposed(self) -> bool:
+        return self.metadata.get(META_DECOMPOSED) == "true"
+
+    # -- the graph ---------------------------------------------------------------------
+    @property
+    def initializers(self) -> dict:
+        return {t.name: t for t in self.proto.graph.initializer}
+
+    @property
+    def inputs(self) -> list:
+        """The graph inputs a caller feeds (ValueInfoProto; initializers left out)."""
+        inits = {t.name for t in self.proto.graph.initializer}
+        return [v for v in self.proto.graph.input if v.name not in inits]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [v.name for v in self.inputs]
+
+    @property
+    def outputs(self) -> list:
+        return list(self.proto.graph.output)
+
+    @property
+    def custom_ops(self) -> dict[str, int]:
+        """{op_type: count} of the msar custom nodes in the main graph."""
+        counts: dict[str, int] = {}
+        for node in self.proto.graph.node:
+            if node.domain == DOMAIN:
+                counts[node.op_type] = counts.get(node.op_type, 0) + 1
+        return counts
+
+    @property
+    def opsets(self) -> dict[str, int]:
+        return {o.domain: o.version for o in self.proto.opset_import}
+
+    @property
+    def functions(self) -> list[tuple[str, str, str]]:
+        """(domain, name, overload) of each model-local function."""
+        return [(f.domain, f.name, getattr(f, "overload", "")) for f in self.proto.functions]
+
+    @property
+    def uses_external_data(self) -> bool:
+        """Whether the weights live (also) in files beside the model (> 2 GB exports)."""
+        return bool(self.external_files)
+
+    def model_bytes(self, extra_outputs=(), drop_function_domain: str | None = None) -> bytes:
+        """The parsed model serialised again, with `extra_outputs` marked as graph outputs, the
+        model-local functions of `drop_function_domain` left out, and small tensors kept in
+        external files read in (ONNX Runtime's shape inference reads constants only from the
+        model itself when it gets bytes); the parsed model itself is left as it was.  Large
+        weights keep their references (to the model file itself, for a skeleton): load the
+        bytes with the model's folder as the external-data folder."""
+        import onnx
+
+        proto, graph = self.proto, self.proto.graph
+        n_out, kept_functions = len(graph.output), list(proto.functions)
+        have = {o.name for o in graph.output}
+        graph.output.extend(onnx.ValueInfoProto(name=n) for n in extra_outputs if n not in have)
+        if drop_function_domain is not None:
+            del proto.functions[:]
+            proto.functions.extend(f for f in kept_functions if f.domain != drop_function_domain)
+        inlined = self._inline_small_external()
+        try:
+            return proto.SerializeToString()
+        finally:
+            del graph.output[n_out:]
+            del proto.functions[:]
+            proto.functions.extend(kept_functions)
+            for t, entries in inlined:
+                t.ClearField("raw_data")
+                t.data_location = onnx.TensorProto.EXTERNAL
+                t.external_data.extend(entries)
+
+    def _inline_small_external(self, limit: int = LEAVE_OUT_ABOVE) -> list:
+        """Read each external tensor of at most `limit` bytes from its (checked) file into the
+        model; return [(tensor, its external-data entries)] to undo it."""
+        import onnx
+
+        done = []
+        for t in self.proto.graph.initializer:
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            entry = {e.key: e.value for e in t.external_data}
+            real = self.external_files.get(entry.get("location", ""))
+            length = int(entry.get("length", -1) or -1)
+            if real is None or not 0 <= length <= limit:
+                continue
+            with open(real, "rb") as f:
+                f.seek(int(entry.get("offset", 0)))
+                data = f.read(length)
+            entries = [onnx.StringStringEntryProto(key=e.key, value=e.value) for e in t.external_data]
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = data
+            done.append((t, entries))
+        return done

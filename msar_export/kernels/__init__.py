@@ -1,0 +1,30 @@
+"""The msar kernels outside TensorRT: a ctypes binding of their C ABI, the
+CMake build that makes the CUDA or CPU-emulation library it loads, and the
+references they are checked against (tests/test_plugins.py,
+tests/test_kernel_shapes.py, scripts/gpu_check.py)."""
+
+from .binding import (CUDA_ERROR_BASE, DTYPE_CODES, MAX_SOURCES, STATUS_TEXT, DepthRetrievalArgs, FusedMixerArgs,
+                      KernelLibrary, status_text)
+from .cases import random_fused_mixer_inputs, rel_err
+from .cmake import BuildError, CMakeBuild, plugin_sources, tools_unavailable
+from .eager import eager_depth_retrieval, eager_fused_mixer
+from .reference64 import reference_depth_retrieval64, reference_fused_mixer64, split_conv_weight
+
+__all__ = ["BuildError", "CMakeBuild", "CUDA_ERROR_BASE", "DTYPE_CODES", "DepthRetrievalArgs", "FusedMixerArgs",
+           "KernelLibrary", "MAX_SOURCES", "STATUS_TEXT", "eager_depth_retrieval", "eager_fused_mixer",
+           "emulation_unavailable", "load_emulation", "plugin_sources", "random_fused_mixer_inputs", "rel_err",
+           "reference_depth_retrieval64", "reference_fused_mixer64", "split_conv_weight", "status_text",
+           "tools_unavailable"]
+
+
+def emulation_unavailable(build: CMakeBuild) -> str | None:
+    """Why `build` cannot make the CPU emulation here (its configure step says), or None."""
+    reason = tools_unavailable()
+    if reason is None and not build.has_target("msar_emulation"):
+        reason = build.configure()
+    return reason
+
+
+def load_emulation(build: CMakeBuild) -> KernelLibrary:
+    """The kernels built for the CPU (no GPU, no CUDA runtime), loaded."""
+    return KernelLibrary(build.built("msar_emulation"))

@@ -1,0 +1,43 @@
+"""Independent float64 implementations of MSAR_SPEC 1.1-1.3, what the kernels' outputs are measured against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def split_conv_weight(conv_weight: torch.Tensor, i: int, stream_kernels) -> list[torch.Tensor]:
+    """Row i of conv_weight [N, d, K] -> Conv1d weights [d, 1, k] for streams 1..m-1."""
+    out, off = [], 0
+    for k in stream_kernels[1:]:
+        out.append(conv_weight[i, :, off:off + k].unsqueeze(1))
+        off += k
+    return out
+
+
+def reference_fused_mixer64(query, gate_weight, gate_bias, gate_scale, conv_weight, sources, stream_kernels, eps):
+    """MSAR_SPEC 1.1-1.3 written out in float64 -> h float64."""
+    T = sources[0].shape[1]
+    views = []
+    for i, x in enumerate(sources):
+        x = x.double()
+        streams = [x]
+        for w in split_conv_weight(conv_weight.double(), i, stream_kernels):
+            k = w.shape[-1]
+            xp = F.pad(x, (0, 0, k - 1, 0))  # zeros before the sequence start
+            streams.append(sum(xp[:, j:j + T] * w[:, 0, j] for j in range(k)))  # tap j: token t-(k-1-j)
+        views.append(torch.stack(streams, dim=2))
+    V = torch.stack(views)  # (n, B, T, m, d)
+    keys = V / torch.sqrt((V * V).mean(-1, keepdim=True) + eps)
+    alpha = torch.softmax((keys * query.double()).sum(-1), dim=0)  # (n, B, T, m)
+    z = (alpha.unsqueeze(-1) * V).sum(0)  # (B, T, m, d)
+    logits = z.flatten(-2) @ gate_weight.double().T  # (B, T, m)
+    g = torch.sigmoid(gate_scale.double() * logits + gate_bias.double())
+    return (g.unsqueeze(-1) * z).sum(-2)
+
+
+def reference_depth_retrieval64(query, views, eps):
+    V = torch.stack([v.double() for v in views])
+    keys = V / torch.sqrt((V * V).mean(-1, keepdim=True) + eps)
+    alpha = torch.softmax((keys * query.double()).sum(-1), dim=0)
+    return (alpha.unsqueeze(-1) * V).sum(0)

@@ -1,0 +1,232 @@
+"""The one ONNX Runtime runner: every session msar-export opens is made here.
+
+Session options (threads, providers, optimization level, low-memory mode,
+spinning, where external data is read from) are decided in `session_options`
+and `resolve_providers`, nowhere else: check, runtime generation, serving,
+bench and export validation all open their sessions through `open_session`.
+
+- `OrtGraph`: one session over an exported graph, with the prefill `logits()`
+  and the decode `step()` (caches handed from each step's present outputs to
+  the next step's past inputs) that the runtimes and the server build on.
+- `OrtRunner`: the same graph behind Polygraphy's runner contract
+  (`BaseRunner`: activate / infer / deactivate, get_input_metadata), for the
+  parity check's Comparator.
+
+Standalone on purpose: numpy and onnxruntime only (Polygraphy when installed),
+no torch, no msar_export import at module level, so `msar-export serve` copies
+this file next to the Triton model.py, whose Python environment has neither.
+The port order it relies on - input_ids, attention_mask, position_ids, then the
+caches; logits, then their next values in the same order - is GraphSpec's
+(msar_export/graph_spec.py), and tests check that the two agree.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+
+import numpy as np
+
+try:
+    from polygraphy.backend.base import BaseRunner as _RunnerBase
+except ImportError:  # Triton's Python environment: the same contract, without Polygraphy
+    class _RunnerBase:
+        def __init__(self, name=None, prefix=None):
+            self.name, self.inference_time, self.is_active = name or prefix or "runner", None, False
+
+        def __enter__(self):
+            self.activate()
+            return self
+
+        def __exit__(self, exc_type, exc_value, traceback):
+            self.deactivate()
+
+        def activate(self):
+            if not self.is_active:
+                self.activate_impl()
+                self.is_active = True
+
+        def deactivate(self):
+            if self.is_active:
+                self.deactivate_impl()
+                self.is_active = False
+
+        def get_input_metadata(self, use_numpy_dtypes=None):
+            return self.get_input_metadata_impl()
+
+        def infer(self, feed_dict, check_inputs=True):
+            return self.infer_impl(feed_dict)
+
+        def last_inference_time(self):
+            return self.inference_time
+
+try:  # inside the msar_export package: its one-line user error
+    from ..errors import OnnxModelError as LoadError
+except ImportError:  # the standalone copy
+    class LoadError(ValueError):
+        """ONNX Runtime cannot load the graph."""
+
+OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+                  "tensorrt": "TensorrtExecutionProvider"}
+ORT_TO_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+             "tensor(bfloat16)": None}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def resolve_providers(providers=None) -> list[str]:
+    """Execution providers: the given ones ('cpu', 'cuda' or ORT's own names), else
+    whatever is installed, CUDA first when onnxruntime-gpu is present, CPU otherwise."""
+    import onnxruntime as ort
+
+    if providers:
+        return [PROVIDER_NAMES.get(p.lower(), p) for p in providers]
+    available = ort.get_available_providers()
+    preferred = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return [p for p in preferred if p in available] or available
+
+
+def session_options(threads: int | None = None, optimization: str = "all", low_memory: bool = False,
+                    spinning: bool = True, external_folder: str | os.PathLike | None = None):
+    """The SessionOptions of every session msar-export opens.
+
+    threads: intra-op threads (None: ORT's default, one per core), one inter-op thread.
+    low_memory: no pre-packed copy of each MatMul weight (ORT's CPU default: a second
+    copy of most weights), so weights in external data are used straight from the mapped file.
+    spinning=False: idle threads sleep (several Triton stubs share few cores).
+    external_folder: where a model given as bytes has its external data (the model's folder)."""
+    import onnxruntime as ort
+
+    if optimization not in OPTIMIZATION_LEVELS:
+        raise ValueError(f"optimization must be one of {OPTIMIZATION_LEVELS}, got {optimization!r}")
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = max(1, int(threads))
+        opts.inter_op_num_threads = 1
+    if low_memory:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    if not spinning:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if external_folder is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(external_folder))
+    opts.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[optimization]
+    opts.log_severity_level = 3
+    return opts
+
+
+def open_session(model, providers=None, threads: int | None = None, optimization: str = "all",
+                 low_memory: bool = False, spinning: bool = True, external_folder=None, label=None,
+                 what: str = "file"):
+    """An InferenceSession over `model` (a path, or the bytes of a model).  A graph ONNX
+    Runtime cannot load is a LoadError naming `label` (the file), one line."""
+    import onnxruntime as ort
+
+    opts = session_options(threads, optimization, low_memory, spinning, external_folder)
+    source = model if isinstance(model, (bytes, bytearray)) else str(model)
+    try:
+        # low_memory also drops constant folding, whose folded copies stayed beside the weights
+        # (a transposed tied embedding; float32 Casts of float16 weights): 1863 -> 1450 MiB for
+        # a 318 M-parameter float32 file, 2348 -> ~1900 MiB for its float16 export, logits
+        # bit-identical in both (2026-12-01; tests/test_export_memory.py compares them).
+        return ort.InferenceSession(source, opts, providers=resolve_providers(providers),
+                                    disabled_optimizers=["ConstantFolding"] if low_memory else None)
+    except Exception as e:  # ORT raises its own Fail/InvalidGraph/... types for unreadable files
+        name = label if label is not None else ("the model" if source is model else source)
+        err = LoadError(f"{name}: ONNX Runtime cannot load this {what} ({_first_line(e)[:300]})")
+        err.cause = _first_line(e)
+        raise err from None
+
+
+class OrtGraph:
+    """One session over an exported prefill or decode graph."""
+
+    def __init__(self, model, **session):
+        self.session = open_session(model, **session)
+        ins = self.session.get_inputs()
+        self.inputs = {i.name: i for i in ins}
+        self.input_names = [i.name for i in ins]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.is_decode = len(ins) > 1
+        past = self.input_names[3:] if self.is_decode else []
+        self.next_cache_names = dict(zip(self.output_names[1:], past))
+        self.cache_specs = [(n, self.inputs[n].shape, ORT_TO_NP.get(self.inputs[n].type)) for n in past]
+
+    @property
+    def cache_dtype(self):
+        """The numpy dtype the caches are fed in (None: one numpy cannot feed, e.g. bfloat16)."""
+        return self.cache_specs[0][2] if self.cache_specs else None
+
+    def run(self, feeds: dict, outputs=None) -> OrderedDict:
+        names = list(outputs) if outputs is not None else self.output_names
+        return OrderedDict(zip(names, self.session.run(names, feeds)))
+
+    def logits(self, input_ids: np.ndarray) -> np.ndarray:
+        """Prefill: input_ids [b, T] -> logits [b, T, vocab] (a decode graph: with an empty cache)."""
+        ids = np.asarray(input_ids, np.int64)
+        if not self.is_decode:
+            return self.session.run([self.output_names[0]], {self.input_names[0]: ids})[0]
+        mask = np.ones_like(ids)
+        positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape).copy()
+        return self.step(ids, mask, positions, self.empty_cache(ids.shape[0]))[0]
+
+    def empty_cache(self, batch: int) -> dict:
+        """The past inputs for `batch` rows and no past tokens: the symbolic dim 'batch' is
+        `batch`, the other symbolic one (the past) 0, fixed dims stay."""
+        return {name: np.zeros([batch if d == "batch" else (d if isinstance(d, int) else 0) for d in shape], dtype)
+                for name, shape, dtype in self.cache_specs}
+
+    def step(self, input_ids, attention_mask, position_ids, cache: dict):
+        """One decode step -> (logits, the next step's cache)."""
+        ids, mask, pos = self.input_names[:3]
+        feeds = {ids: np.asarray(input_ids, np.int64), mask: np.asarray(attention_mask, np.int64),
+                 pos: np.asarray(position_ids, np.int64), **cache}
+        outs = self.run(feeds)
+        nxt = self.next_cache_names
+        return outs[self.output_names[0]], {nxt[n]: v for n, v in outs.items() if n in nxt}
+
+
+class OrtRunner(_RunnerBase):
+    """An OrtGraph behind Polygraphy's runner contract: the session is opened on
+    activate() (a LoadError then, when ONNX Runtime cannot load the graph) and
+    dropped on deactivate(); infer() returns every graph output by name."""
+
+    def __init__(self, model, name: str | None = None, outputs=None, **session):
+        """model: a path, model bytes, or a callable giving either (called on activate).
+        outputs: the outputs infer() returns (default: all)."""
+        super().__init__(name=name, prefix="msar-onnxrt-runner")
+        self.model, self.outputs, self.session_settings, self.graph = model, outputs, session, None
+
+    def activate_impl(self):
+        self.graph = OrtGraph(self.model() if callable(self.model) else self.model, **self.session_settings)
+
+    def get_input_metadata_impl(self):
+        try:
+            from polygraphy.common import TensorMetadata
+            from polygraphy.datatype import DataType
+        except ImportError:
+            return {i.name: (i.type, i.shape) for i in self.graph.inputs.values()}
+        meta = TensorMetadata()
+        for i in self.graph.inputs.values():
+            meta.add(i.name, dtype=DataType.from_dtype(i.type, "onnxruntime"), shape=i.shape)
+        return meta
+
+    def infer_impl(self, feed_dict):
+        feeds = {k: np.asarray(v.cpu() if hasattr(v, "cpu") else v) for k, v in feed_dict.items()}
+        start = time.perf_counter()
+        out = self.graph.run(feeds, self.outputs)
+        self.inference_time = time.perf_counter() - start
+        return out
+
+    def deactivate_impl(self):
+        self.graph = None
+
+
+__all__ = ["OrtGraph", "OrtRunner", "LoadError", "open_session", "session_options", "resolve_providers"]

@@ -1,0 +1,2 @@
+"""The Triton server itself: where it is installed, starting and stopping it, the
+validating front, and clients."""

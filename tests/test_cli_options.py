@@ -1,0 +1,37 @@
+"""Shared options have one grammar in every subcommand (msar_export/cli_options.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from msar_export.cli import build_parser
+from msar_export.verdict import PRECISIONS
+
+REQUIRED = {"build": ["m.onnx", "-o", "m.plan"], "check": ["ck", "--onnx", "m.onnx"], "generate": ["ck"],
+            "triton-repo": ["m.onnx", "-o", "repo"], "export": ["ck", "-o", "m.onnx"], "serve": ["ck"]}
+
+
+def subcommands_with(option: str) -> list[str]:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sorted(name for name, p in sub.choices.items() if any(option in a.option_strings for a in p._actions))
+
+
+def test_plugins_everywhere_take_several_and_repeat():
+    names = subcommands_with("--plugins")
+    assert set(names) >= {"build", "check", "generate", "triton-repo"}, names
+    for name in names:
+        a = build_parser().parse_args([name, *REQUIRED[name], "--plugins", "a.so", "b.so", "--plugins", "c.so"])
+        assert a.plugins == ["a.so", "b.so", "c.so"], name
+
+
+def test_dtype_is_one_choice_set_and_shapes_one_grammar():
+    names = subcommands_with("--dtype")
+    assert set(names) >= {"build", "check", "export"}, names
+    for name in names:
+        assert build_parser().parse_args([name, *REQUIRED[name], "--dtype", "bfloat16"]).dtype == "bfloat16"
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([name, *REQUIRED[name], "--dtype", "fp16"])
+    assert set(PRECISIONS) == {"float32", "float16", "bfloat16"}
+    # token shapes are BxT wherever --shapes exists; engine profiles are build --profile
+    assert subcommands_with("--shapes") == ["check"]
+    assert build_parser().parse_args(["build", *REQUIRED["build"], "--profile", "batch=1/2/4"]).profile == ["batch=1/2/4"]
