@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli_options import add_dtype, add_plugins, add_trust_pickle
-from .errors import InputError, MsarError
+from .cli_common import Parser, add_dtype, add_plugins, add_trust_pickle, run_command  # noqa: F401  (run_command, Parser: also used through msar_export.cli)
+from .errors import InputError
 
 
 # Modules that add their own subcommands: each has `register(subparsers)`,
@@ -98,13 +98,6 @@ def cmd_export(a) -> int:
     return print_report(report)
 
 
-class Parser(argparse.ArgumentParser):
-    """Usage errors are bad input too: one line on stderr, exit 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="msar-export", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
@@ -161,25 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         print("msar-export generate: error: give a checkpoint directory or --onnx MODEL", file=sys.stderr)
         return 2
     return run_command(args)
-
-
-def run_command(args) -> int:
-    """Run a parsed subcommand: user errors one line + exit 2, bugs a traceback + exit 1."""
-    try:
-        return args.func(args)
-    except MsarError as e:
-        print(f"msar-export {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"msar-export {args.command}: interrupted", file=sys.stderr)
-        return 130
-    except Exception:
-        import traceback
-
-        traceback.print_exc()
-        print(f"msar-export {args.command}: internal error (a bug in msar-export, not your input); please report it",
-              file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..verdict import MULTIPLE
-from ..cli_options import add_dtype, add_plugins, add_shapes, add_trust_pickle
+from ..cli_common import add_dtype, add_plugins, add_shapes, add_trust_pickle
 
 EPILOG = f"""\
 Exit status: 0 every backend within tolerance, 1 a mismatch (the report names the

@@ -4,7 +4,7 @@ Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
 
 from __future__ import annotations
 
-from ..cli_options import add_dtype, add_plugins
+from ..cli_common import add_dtype, add_plugins
 
 DESCRIPTION = """Build a TensorRT engine from an ONNX file made by `msar-export export`.
 The network is strongly typed, so the precision is the ONNX file's (export with

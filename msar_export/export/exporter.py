@@ -15,7 +15,6 @@ import onnx_ir as ir
 import torch
 
 from ..checkpoint import load_checkpoint
-from ..errors import InputError
 from ..memory import return_freed_memory
 from ..fileio import check_output_file
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION

@@ -107,6 +107,6 @@ def print_report(report: ExportReport) -> int:
 if __name__ == "__main__":
     import argparse
 
-    from ..cli import run_command
+    from ..cli_common import run_command
 
     sys.exit(run_command(argparse.Namespace(command="export", func=lambda a: _validate(Path(sys.argv[1])))))

@@ -98,17 +98,16 @@ def reference_logits(model, dtype: str, batch: int = 3, seq: int | None = None) 
     import torch
 
     from ..model.precision import float64_one_sublayer_at_a_time
-    from .exporter import DTYPES
 
     cfg = model.cfg
     if dtype == "bfloat16":
-        model.to(DTYPES[dtype])
+        model.to(torch.bfloat16)
         return None
     seq = seq or max(19, cfg.kmax + 7)  # traced at (2, 5); cover the widest conv window
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(7))
     with float64_one_sublayer_at_a_time(model), torch.no_grad():
         ref64 = model(ids).numpy()  # first: float64 of the stored weights, not of rounded ones
-    model.to(DTYPES[dtype])
+    model.to(getattr(torch, dtype))  # the export dtypes are torch's names
     with torch.no_grad():
         eager = model(ids).float().numpy()
     return_freed_memory()  # the float64 sublayers' heap, before tracing adds its own

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..cli_options import add_plugins, add_trust_pickle
+from ..cli_common import add_plugins, add_trust_pickle
 from ..errors import InputError
 from .sources import is_checkpoint, resolve_sources, say
 
@@ -225,7 +225,7 @@ def _absolute(path: str | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m msar_export.serving.cli COMMAND ...`: these commands alone, as in `msar-export`
     (the entry .venv-triton runs: it does not need the export toolchain of other commands)."""
-    from ..cli import Parser, run_command
+    from ..cli_common import Parser, run_command
 
     p = Parser(prog="msar-export")
     register(p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser))

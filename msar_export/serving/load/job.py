@@ -72,7 +72,7 @@ def run_in_triton_venv(job: LoadJob) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from ...cli import run_command
+    from ...cli_common import run_command
 
     def cmd(a) -> int:
         from ..sources import say

@@ -1,4 +1,6 @@
-"""Options several subcommands share, defined once: one spelling, one grammar, one meaning.
+"""What every subcommand shares: usage errors and user errors as one line and exit 2
+(`Parser`, `run_command`), and the options several take, defined once with one
+spelling, one grammar and one meaning:
 
 --plugins LIB [LIB ...]   TensorRT plugin libraries; repeatable, and each use may name several
 --dtype P                 the precision the model computes in: export writes it, build checks
@@ -10,6 +12,10 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+
+from .errors import MsarError
 from .verdict import PRECISIONS
 
 PLUGIN_EXAMPLE = "build/plugins/libmsar_plugins.so"
@@ -31,3 +37,29 @@ def add_shapes(p, default_text: str) -> None:
 def add_trust_pickle(p) -> None:
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow model.pt / pytorch_model.bin checkpoints (loaded with weights_only=True)")
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors are bad input too: one line on stderr, exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def run_command(args) -> int:
+    """Run a parsed subcommand: user errors one line + exit 2, bugs a traceback + exit 1."""
+    try:
+        return args.func(args)
+    except MsarError as e:
+        print(f"msar-export {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"msar-export {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print(f"msar-export {args.command}: internal error (a bug in msar-export, not your input); please report it",
+              file=sys.stderr)
+        return 1

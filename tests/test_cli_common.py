@@ -1,4 +1,4 @@
-"""Shared options have one grammar in every subcommand (msar_export/cli_options.py)."""
+"""Shared options have one grammar in every subcommand (msar_export/cli_common.py)."""
 
 from __future__ import annotations
 
