@@ -66,9 +66,10 @@ def cmd_generate(a) -> int:
                                                                do_sample=a.sample, temperature=a.temperature,
                                                                top_k=a.top_k, seed=a.seed)
     elif a.onnx:
+        from .runners.ort_runner import THREADS
         from .runtime import OrtDecoder
 
-        out = OrtDecoder(a.onnx, threads=a.threads).generate(ids, max_new_tokens=a.max_new_tokens, do_sample=a.sample,
+        out = OrtDecoder(a.onnx, threads=a.threads or THREADS["generate"]).generate(ids, max_new_tokens=a.max_new_tokens, do_sample=a.sample,
                                                              temperature=a.temperature, top_k=a.top_k, seed=a.seed)
     else:
         model = load_checkpoint(a.checkpoint, trust_pickle=a.trust_pickle)
@@ -121,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--threads", type=int, default=2)
+    g.add_argument("--threads", type=int, default=None,
+                   help="ONNX Runtime threads (default: runners.ort_runner.THREADS['generate'])")
     add_trust_pickle(g)
     g.set_defaults(func=cmd_generate)
 

@@ -136,12 +136,13 @@ def validate_file(path: Path, ref: Reference | None, decode: bool, dtype: str) -
     if ref is None:
         res.skipped = "ONNX Runtime's CPU provider has no bfloat16 kernels for this graph and numpy cannot feed bf16 caches"
         return res
+    from ..runners.ort_runner import THREADS
     from ..runtime import OrtDecoder, OrtModel
 
     ids = ref.ids
     batch, seq = ids.shape
     if decode:
-        dec = OrtDecoder(path, threads=2, low_memory=True)
+        dec = OrtDecoder(path, threads=THREADS["validation"], low_memory=True)
         split = seq - 4  # prefill, then single-token steps
         mask = np.ones((batch, split), np.int64)
         pos = np.broadcast_to(np.arange(split), (batch, split))
@@ -154,7 +155,7 @@ def validate_file(path: Path, ref: Reference | None, decode: bool, dtype: str) -
         got = np.concatenate(outs, axis=1)
         res.shapes = f"prefill {batch}x{split} + {seq - split} decode steps"
     else:
-        got = OrtModel(path, threads=2, low_memory=True).ort.logits(ids)
+        got = OrtModel(path, threads=THREADS["validation"], low_memory=True).ort.logits(ids)
         res.shapes = f"input_ids {batch}x{seq}"
     res.verdict = judge(got, ref.eager, ref.ref64, dtype)
     if not res.verdict.passed:

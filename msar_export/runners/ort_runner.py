@@ -91,6 +91,13 @@ def resolve_providers(providers=None) -> list[str]:
     return [p for p in preferred if p in available] or available
 
 
+# ONNX Runtime intra-op threads per kind of session: the one place to change them.
+# validation: the export's own check (2 cores here); reference: the load test's
+# batch-1 references, beside a server that has the cores; serving: per Triton model
+# instance (`serve --threads` overrides); generate: `msar-export generate` (--threads).
+THREADS = {"validation": 2, "reference": 1, "serving": 1, "generate": 2, "probe": 1}
+
+
 def session_options(threads: int | None = None, optimization: str = "all", low_memory: bool = False,
                     spinning: bool = True, external_folder: str | os.PathLike | None = None):
     """The SessionOptions of every session msar-export opens.

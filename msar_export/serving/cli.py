@@ -104,7 +104,8 @@ def _serving_options(p) -> None:
     p.add_argument("--max-batch", type=int, default=16, help="max_batch_size of the served models")
     p.add_argument("--no-batching", action="store_true", help="no dynamic batcher: one request per execution")
     p.add_argument("--instances", type=int, default=1, help="model instances (stub processes) per model")
-    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads per instance")
+    p.add_argument("--threads", type=int, default=None,
+                   help="ONNX Runtime intra-op threads per instance (default: runners.ort_runner.THREADS['serving'])")
     p.add_argument("--queue-delay-us", type=int, default=2000, help="dynamic batcher max_queue_delay_microseconds")
 
 

@@ -332,7 +332,7 @@ def format_report(r: dict) -> str:
 class CompareSettings:
     max_batch: int = 16
     instances: int = 1
-    threads: int = 1
+    threads: int | None = None  # ORT threads per instance; None: runners.ort_runner.THREADS["serving"]
     queue_delay_us: int = 2000
     protocol: str = "http"
     workdir: str = "runs/serve/compare"

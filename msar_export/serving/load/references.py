@@ -29,6 +29,7 @@ class References:
 
     def __init__(self, client: ServingClient, models: tuple[str, ...], prefill: str | None, decode: str | None,
                  checkpoint: str | None = None, rtol: float | None = None):
+        from ...runners.ort_runner import THREADS
         from ...runtime import OrtDecoder, OrtModel
 
         self.models = models
@@ -40,15 +41,15 @@ class References:
             if not path or not Path(path).is_file():
                 raise InputError(f"no local copy of the logits model's graph ({path}); pass --onnx")
             if params.get("graph") == "decode" and not prefill:
-                self.decoder_for_logits = OrtDecoder(path, threads=1)
+                self.decoder_for_logits = OrtDecoder(path, threads=THREADS["reference"])
             else:
-                self.logits_model = OrtModel(path, threads=1)
+                self.logits_model = OrtModel(path, threads=THREADS["reference"])
             self.sources["logits"] = str(path)
         if "generate" in models:
             path = decode or client.parameters("generate").get("reference_onnx")
             if not path or not Path(path).is_file():
                 raise InputError(f"no local copy of the generate model's decode graph ({path}); pass --decode-onnx")
-            self.decoder = OrtDecoder(path, threads=1)
+            self.decoder = OrtDecoder(path, threads=THREADS["reference"])
             self.sources["generate"] = str(path)
         self.precision = self._served_precision()
         self.eager = EagerFloat64(checkpoint, self.cfg(), self.precision) if checkpoint and "logits" in models else None

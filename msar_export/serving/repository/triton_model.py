@@ -33,10 +33,10 @@ import sys
 import numpy as np
 
 try:  # msar_export.serving.repository.triton_model: tests, reuse outside Triton
-    from ...runners.ort_runner import OrtGraph
+    from ...runners.ort_runner import THREADS, OrtGraph
 except ImportError:  # Triton's stub (it imports "<version>.model"): ort_runner.py lies beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from ort_runner import OrtGraph
+    from ort_runner import THREADS, OrtGraph
 
 try:  # only inside Triton's Python backend stub
     import triton_python_backend_utils as pb_utils
@@ -250,7 +250,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         path = os.path.join(version_dir, params.get("onnx_file", "model.onnx"))
-        model = MsarOnnx(path, threads=int(params.get("threads", "1")))
+        model = MsarOnnx(path, threads=int(params.get("threads", THREADS["serving"])))
         max_rows = max(1, int(config.get("max_batch_size") or 1))
         self.served = Served(params.get("msar_model", "logits"), model, max_rows,
                              int(params.get("merge_tokens", "8")), int(params.get("max_new_tokens_limit", "256")))

@@ -52,9 +52,9 @@ def copy_onnx_bundle(model: Path, files: dict[str, Path], dst: Path) -> None:
 def check_runs(model: Path) -> None:
     """ONNX Runtime loads the graph as the repository holds it: no repository for a graph that
     cannot run (the server would only fail later, at load time)."""
-    from ...runners.ort_runner import open_session
+    from ...runners.ort_runner import THREADS, open_session
 
-    open_session(model, threads=1, optimization="disable", label=str(model))
+    open_session(model, threads=THREADS["probe"], optimization="disable", label=str(model))
 
 
 def _is_our_repo(out: Path) -> bool:
@@ -293,7 +293,7 @@ def _key(prefill: Path | None, decode: Path | None, configs: dict[str, str]) -> 
 
 def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathLike | None,
                        out: str | os.PathLike, max_batch: int = 16, batching: bool = True, instances: int = 1,
-                       threads: int = 1, queue_delay_us: int = 2000, merge_tokens: int = 8,
+                       threads: int | None = None, queue_delay_us: int = 2000, merge_tokens: int = 8,
                        max_new_tokens_limit: int = 256, validate: bool = True,
                        force: bool = False) -> tuple[Path, bool]:
     """Write (or reuse, when identical and intact) the serving repository; return (path, rebuilt)."""
@@ -302,6 +302,10 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
     decode = Path(decode) if decode else None
     if prefill is None and decode is None:
         raise InputError("nothing to serve: give a checkpoint, a prefill graph or a decode graph")
+    if threads is None:
+        from ...runners.ort_runner import THREADS
+
+        threads = THREADS["serving"]
     if max_batch < 1 or instances < 1 or threads < 1:
         raise InputError("--max-batch, --instances and --threads must be >= 1")
     prefill_io = read_onnx_io(prefill) if prefill else None
