@@ -125,9 +125,10 @@ class GraphSpec:
         return self.feeds(ids, np.ones((batch, seq), np.int64), np.tile(np.arange(seq, dtype=np.int64), (batch, 1)),
                           self.empty_cache(batch, cache_dtype))
 
-    def torch_dynamic_shapes(self) -> dict:
+    def torch_dynamic_shapes(self) -> tuple:
         """torch.export's dynamic_shapes for the traced graph modules (export/graphs.py),
-        whose forward takes the non-cache inputs by name and the caches as *past.  The
+        positional in port order (the caches as one group: the forward takes them as
+        *past), so the forward's parameter names need not match the port names.  The
         mask length (past + seq) is left to torch.export (AUTO), which derives it."""
         from torch.export import Dim
 
@@ -136,10 +137,8 @@ class GraphSpec:
         def axes(port: Port) -> dict:
             return {i: dims[a] for i, a in enumerate(port.axes) if isinstance(a, str)}
 
-        shapes = {p.name: axes(p) for p in self.inputs if p.kind != "cache"}
-        if self.decode:
-            shapes["past"] = tuple(axes(p) for p in self.cache_inputs)
-        return shapes
+        plain = tuple(axes(p) for p in self.inputs if p.kind != "cache")
+        return plain + (tuple(axes(p) for p in self.cache_inputs),) if self.decode else plain
 
     def empty_cache(self, batch: int, dtype) -> dict[str, np.ndarray]:
         """The past inputs for `batch` rows and no past tokens (every backend's start)."""
