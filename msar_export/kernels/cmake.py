@@ -5,7 +5,7 @@ has no checkout around it. They come from an explicit argument or the
 MSAR_PLUGIN_SOURCES environment variable.
 
 Build folders live in a cache outside the source tree (MSAR_BUILD_CACHE,
-default ~/.cache/msar-export/cmake), one per hash of the sources and the
+default ~/.cache/msar-export/cmake), one per hash of the source folder, its sources and the
 configure options, so every caller - each test module, each test run - that
 asks for the same build reuses it and an unchanged tree costs one ninja no-op.
 """
@@ -51,7 +51,9 @@ def tools_unavailable() -> str | None:
 
 
 def _tree_hash(sources: Path, options: dict[str, str]) -> str:
-    h = hashlib.sha256()
+    # The folder too: a CMake build folder belongs to one source folder (CMakeCache.txt
+    # records it), so two checkouts with equal sources must not share one.
+    h = hashlib.sha256(str(sources.resolve()).encode() + b"\0")
     for path in sorted(p for p in sources.rglob("*") if p.suffix in _SOURCE_SUFFIXES and p.is_file()):
         h.update(str(path.relative_to(sources)).encode() + b"\0" + path.read_bytes() + b"\0")
     for key in sorted(options):
