@@ -1,174 +1,21 @@
 """Hostile files and careless paths: nothing is read or written outside what the user
 named, outputs that are not ours are never replaced, and every hostile input costs
-little and ends in one line with exit code 2.
-
-Crafted bundles use a tiny ONNX graph (Y = X + W, W stored as external data) so
-each case isolates one path rule; the end-to-end cases use a real msar export."""
+little and ends in one line with exit code 2 (crafted ONNX bundles are in
+test_hostile_bundles.py).  The end-to-end cases use a real msar export."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from onnx.external_data_helper import set_external_data
 
 from conftest import make_checkpoint
-
-REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "msar_export.cli"]
-W = np.arange(4, dtype=np.float32) + 0.5
-
-
-def run_cli(*args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(os.fsdecode, args)], cwd=REPO, capture_output=True, timeout=timeout, **kw)
-
-
-def one_line_exit_2(r: subprocess.CompletedProcess) -> str:
-    out, err = r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
-    assert r.returncode == 2, (r.returncode, err[-2000:])
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and ": error: " in lines[0], err
-    assert "Traceback" not in out + err
-    return lines[0]
-
-
-def tree(root: Path) -> dict[str, bytes | str]:
-    """Every path under root with its content (or link target): to prove nothing changed."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        if p.is_symlink():
-            out[rel] = "-> " + os.readlink(p)
-        elif p.is_file():
-            out[rel] = p.read_bytes()
-        else:
-            out[rel] = "dir"
-    return out
-
-
-def tiny_model(folder: Path, location: str, payload: Path | None = None, name: str = "m.onnx") -> Path:
-    """`folder/name` computing Y = X + W with W's 16 bytes at `location` (as written in the file);
-    the payload file is written at `payload` (default: folder/location) unless it exists."""
-    folder.mkdir(parents=True, exist_ok=True)
-    w = numpy_helper.from_array(W, "W")
-    set_external_data(w, location=location, offset=0, length=W.nbytes)
-    w.data_location = TensorProto.EXTERNAL
-    w.ClearField("raw_data")
-    graph = helper.make_graph([helper.make_node("Add", ["X", "W"], ["Y"])], "tiny",
-                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
-    path = folder / name
-    path.write_bytes(model.SerializeToString())
-    payload = payload if payload is not None else folder / location
-    if not os.path.lexists(payload) and not os.path.isabs(location):
-        payload.parent.mkdir(parents=True, exist_ok=True)
-        payload.write_bytes(W.tobytes())
-    return path
-
-
-def run_tiny(path: Path) -> np.ndarray:
-    import onnxruntime as ort
-
-    x = np.ones((2, 4), np.float32)
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0] - x
-
-
-# -- 1, 2: triton-repo never reads or writes outside the model's folder and the repository ---------
-
-def test_traversal_location_overwrites_nothing_outside(tmp_path):
-    """The reported attack: a model five folders deep whose data `location` climbs back out,
-    with a payload next to it; before the fix `victim.txt` was overwritten and exit was 0."""
-    victim = tmp_path / "victim.txt"
-    victim.write_text("victim")
-    loc = "../../../../../victim.txt"
-    # read from p/victim.txt (the payload, beside the model's folders); the copy's target,
-    # repo-tmp/tiny/1/<loc>, is tmp_path/victim.txt
-    model = tiny_model(tmp_path / "p" / "a" / "b" / "c" / "d" / "e", loc)
-    assert (tmp_path / "p" / "victim.txt").read_bytes() == W.tobytes()
-    before = tree(tmp_path)
-    repo = tmp_path / "a" / "b" / "repo"
-    line = one_line_exit_2(run_cli("triton-repo", model, "-o", repo, "--name", "tiny", "--no-validate"))
-    assert "climbs out" in line
-    assert tree(tmp_path) == before and victim.read_text() == "victim"
-
-
-@pytest.mark.parametrize("case", ["dotdot", "symlink_out", "symlinked_dir_out", "absolute", "hardlink", "missing"])
-def test_external_data_outside_the_model_folder_is_refused(tmp_path, case):
-    secret = tmp_path / "secret" / "canary.txt"
-    secret.parent.mkdir()
-    secret.write_bytes(W.tobytes())  # right size: only the path rule can refuse it
-    folder = tmp_path / "model"
-    if case == "dotdot":
-        model, want = tiny_model(folder, "../secret/canary.txt"), "climbs out"
-    elif case == "symlink_out":
-        folder.mkdir()
-        (folder / "w.data").symlink_to(secret)
-        model, want = tiny_model(folder, "w.data"), "leads outside"
-    elif case == "symlinked_dir_out":
-        folder.mkdir()
-        (folder / "sub").symlink_to(secret.parent, target_is_directory=True)
-        model, want = tiny_model(folder, "sub/canary.txt"), "leads outside"
-    elif case == "absolute":
-        model, want = tiny_model(folder, str(secret)), "absolute path"
-    elif case == "hardlink":
-        folder.mkdir()
-        os.link(secret, folder / "w.data")
-        model, want = tiny_model(folder, "w.data"), "hard links"
-    else:
-        folder.mkdir()
-        model, want = tiny_model(folder, "w.data", payload=tmp_path / "elsewhere.bin"), "is missing"
-    before = tree(tmp_path)
-    line = one_line_exit_2(run_cli("triton-repo", model, "-o", tmp_path / "repo", "--no-validate"))
-    assert want in line, line
-    assert tree(tmp_path) == before  # no repository, no copy of the canary, nothing linked
-
-
-def test_repository_carries_a_copy_of_the_data_and_the_original_stays_usable(tmp_path):
-    model = tiny_model(tmp_path / "model", "weights/w.data")
-    r = run_cli("triton-repo", model, "-o", tmp_path / "repo", "--name", "tiny", "--no-validate")
-    assert r.returncode == 0, r.stderr.decode()
-    copied = tmp_path / "repo" / "tiny" / "1" / "weights" / "w.data"
-    original = tmp_path / "model" / "weights" / "w.data"
-    assert copied.is_file() and not copied.is_symlink()
-    assert os.stat(original).st_nlink == 1 and not os.path.samefile(copied, original)  # copied, never linked
-    manifest = json.loads((tmp_path / "repo" / "manifest.json").read_text())
-    assert "tiny/1/weights/w.data" in manifest["files"]
-    np.testing.assert_array_equal(run_tiny(tmp_path / "repo" / "tiny" / "1" / "model.onnx"), np.tile(W, (2, 1)))
-    # the original still loads in the onnx library (which refuses hard-linked data) and in ORT
-    onnx.load(str(model), load_external_data=True)
-    np.testing.assert_array_equal(run_tiny(model), np.tile(W, (2, 1)))
-
-
-def test_manifest_entries_cannot_point_outside_the_repository(tmp_path):
-    from msar_export.serving.repository.writer import verify_repo
-
-    (tmp_path / "outside.txt").write_text("x")
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "manifest.json").write_text(json.dumps({"files": {"../outside.txt": "0" * 64}}))
-    problems = verify_repo(repo)
-    assert len(problems) == 1 and "climbs out" in problems[0]
-
-
-def test_triton_repo_refuses_a_graph_that_cannot_run(tmp_path):
-    model = tiny_model(tmp_path / "model", "w.data")
-    proto = onnx.load(str(model), load_external_data=False)
-    proto.graph.node[0].op_type = "NoSuchOp"
-    model.write_bytes(proto.SerializeToString())
-    line = one_line_exit_2(run_cli("triton-repo", model, "-o", tmp_path / "repo", "--no-validate"))
-    assert "ONNX Runtime cannot load" in line and not (tmp_path / "repo").exists()
-
-
-# -- 4: output paths ---------------------------------------------------------------------------
+from hostile_helpers import CLI, REPO, W, one_line_exit_2, run_cli, run_tiny, tiny_model, tree  # noqa: F401
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
@@ -392,8 +239,6 @@ def test_disk_full_while_writing_is_one_line_and_leaves_nothing(ckpt, tmp_path, 
 
     from msar_export.errors import OutputError
     from msar_export.export import ExportOptions, export_checkpoint
-
-    import msar_export.export.exporter as exporter
 
     def full(model, path, release, data_name=None):  # half a file, then the disk is full
         path.write_bytes(b"\0" * 100)

@@ -1,7 +1,7 @@
 """Triton serving: a real tritonserver on a free loopback port, real requests over
-HTTP and gRPC, malformed requests, a short load test checked against ONNX Runtime,
-a crash and restart, and every generated config.pbtxt parsed with Triton's
-ModelConfig schema.
+HTTP and gRPC, malformed requests, a crash and restart, and every generated
+config.pbtxt parsed with Triton's ModelConfig schema (the load test is in
+test_serving_load.py; the shared server in serving_fixtures.py).
 
 The server lives in .venv-triton (nvidia-pytriton pins numpy<2).  When it is
 missing, the session creates it with scripts/setup_triton_env.sh (about a minute
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -24,122 +23,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_checkpoint, rel_err
-from msar_export.export import ExportOptions, export_checkpoint
-from msar_export.runtime import OrtDecoder, OrtModel
-from msar_export.serving.triton.client import infer_json, json_tensor
-from msar_export.serving.repository.writer import MANIFEST, build_serving_repo, build_stock_repo, verify_repo
+from conftest import rel_err
 from msar_export.serving.repository.triton_model import MsarOnnx, Served, plan_groups
+from msar_export.serving.repository.writer import MANIFEST, build_serving_repo, build_stock_repo, verify_repo
+from msar_export.serving.triton.client import infer_json, json_tensor
+from serving_fixtures import (REPO, generate_request, graphs, ids_of, logits_request, output, refs,  # noqa: F401
+                              run_cli, served, triton)
 
-REPO = Path(__file__).resolve().parent.parent
-SETUP = REPO / "scripts" / "setup_triton_env.sh"
-CLI = [sys.executable, "-m", "msar_export.cli"]
-
-
-def run_cli(*args, timeout=300, **kw):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=env, **kw)
-
-
-# -- fixtures ----------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def triton():
-    """The Triton install in .venv-triton (created here if missing); skip only if it cannot be had."""
-    from msar_export.errors import BackendUnavailable
-    from msar_export.serving.triton.env import find_triton, triton_venv
-    from msar_export.serving.triton.server import binary_check
-
-    venv = triton_venv()
-    check = [str(venv / "bin" / "python"), "-c", "import pytriton, tritonclient.grpc, onnxruntime, msar_export.serving"]
-    if not (venv / "bin" / "python").is_file() or subprocess.run(check, capture_output=True).returncode != 0:
-        try:
-            out = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=600, cwd=REPO)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"{SETUP.name} took over 10 minutes; run it by hand, then the tests")
-        if out.returncode != 0:
-            tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-            pytest.skip(f"cannot create {venv} with {SETUP.name}: {tail[:300]}")
-    try:
-        install = find_triton(venv / "bin" / "python")
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
-    reason = binary_check(install)
-    if reason:
-        pytest.skip(f"tritonserver cannot start on this machine: {reason}")
-    return install
-
-
-@pytest.fixture(scope="module")
-def graphs(tmp_path_factory):
-    """A small random msar checkpoint (vocab 61, max_seq_len 128), both graphs exported."""
-    root = tmp_path_factory.mktemp("serving")
-    ckpt, cfg = make_checkpoint(root / "ckpt", seed=5, query_scale=0.5, n_blocks=1)  # 1 block: quick to export
-    prefill, decode = root / "prefill.onnx", root / "decode.onnx"
-    export_checkpoint(ckpt, prefill, ExportOptions(), validate=False)
-    export_checkpoint(ckpt, decode, ExportOptions(decode=True), validate=False)
-    return {"root": root, "ckpt": ckpt, "cfg": cfg, "prefill": prefill, "decode": decode}
-
-
-@pytest.fixture(scope="module")
-def refs(graphs):
-    return OrtModel(graphs["prefill"], threads=1), OrtDecoder(graphs["decode"], threads=1)
-
-
-@pytest.fixture(scope="module")
-def served(triton, graphs):
-    """`msar-export serve PREFILL DECODE` on free loopback ports, stopped with SIGTERM at the end."""
-    from msar_export.serving.triton.server import free_port, http_get
-
-    http, grpc = free_port(), free_port()
-    workdir = graphs["root"] / "serve"
-    proc = subprocess.Popen([*CLI, "serve", str(graphs["prefill"]), str(graphs["decode"]), "--workdir", str(workdir),
-                             "--port-http", str(http), "--port-grpc", str(grpc), "--max-batch", "8"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{http}"
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"msar-export serve exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
-        try:
-            if http_get(f"{url}/v2/health/ready", timeout=1)[0] == 200:
-                break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            proc.send_signal(signal.SIGTERM)
-            pytest.fail("server not ready after 180 s")
-        time.sleep(0.2)
-    yield {"http": url, "grpc": f"grpc://127.0.0.1:{grpc}", "workdir": workdir, "proc": proc}
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-    assert proc.returncode == 0, err[-2000:]
-    assert "stopped" in err
-
-
-def ids_of(cfg, T, seed, batch=1):
-    return np.random.default_rng(seed).integers(0, cfg["vocab_size"], size=(batch, T), dtype=np.int64)
-
-
-def logits_request(ids):
-    return [json_tensor("input_ids", ids, "INT64")]
-
-
-def generate_request(ids, n):
-    return [json_tensor("input_ids", ids, "INT64"), json_tensor("max_new_tokens", np.full((len(ids), 1), n), "INT32")]
-
-
-def output(body) -> np.ndarray:
-    o = body["outputs"][0]
-    return np.asarray(o["data"]).reshape(o["shape"])
-
-
-# -- no server needed ----------------------------------------------------------------------
 
 def test_plan_groups_merges_only_similar_lengths():
     assert plan_groups([10, 50, 12, 48, 11], max_rows=8, merge_tokens=3) == [[1, 3], [2, 4, 0]]
@@ -310,59 +200,6 @@ def test_malformed_requests_get_clear_errors_and_the_server_keeps_serving(served
     assert rel_err(output(body), refs[0].logits(good)) <= 1e-4
 
 
-def test_loadtest_http_and_grpc_zero_mismatches(served, tmp_path):
-    """4 clients x 3 s on each protocol, mixed lengths, every answer checked (runs in .venv-triton)."""
-    out = tmp_path / "load.json"
-    r = run_cli("loadtest", "--url", served["http"], "--url", served["grpc"], "--clients", 4, "--seconds", 3,
-                "--max-requests", 5000, "--min-len", 1, "--max-len", 120, "--new-tokens", 6, "--pool", 24,
-                "--hostile-every", 7, "--json", out)
-    assert r.returncode == 0, r.stdout + r.stderr
-    runs = json.loads(out.read_text())["runs"]
-    assert [x["protocol"] for x in runs] == ["http", "grpc"]
-    for x in runs:
-        assert x["requests"] > 20 and x["errors"] == 0 and x["mismatches"] == 0, x
-        assert x["hostile"]["sent"] >= 3 and x["hostile"]["refused"] == x["hostile"]["sent"], x["hostile"]
-        assert x["server_ready_after"] is True
-        assert x["ok"] == x["requests"] and set(x["latency_ms"]) >= {"p50", "p95", "p99"}
-        assert x["per_model"]["logits"]["ok"] > 0 and x["per_model"]["generate"]["ok"] > 0
-        assert x["server"]["generate"]["dynamic_batching"] is True
-        assert x["machine"]["cpu_cores"] and x["date"]
-    assert "req/s" in r.stdout and "p99" in r.stdout and "malformed requests:" in r.stdout
-
-
-def test_loadtest_judged_against_float64_and_a_faulty_checkpoint_fails(served, graphs, tmp_path):
-    """--checkpoint: logits judged by the verdict model against the eager float64 run;
-    the negative control is the same server judged against a checkpoint whose source-0
-    kernel-4 taps are 2% larger, which must fail, and one of another shape, refused."""
-    from msar_export.checkpoint import load_checkpoint, save_checkpoint
-
-    common = ["--url", served["http"], "--clients", 2, "--seconds", 2, "--max-requests", 40, "--models", "logits",
-              "--min-len", 1, "--max-len", 40, "--pool", 8]
-    out = tmp_path / "ok.json"
-    r = run_cli("loadtest", *common, "--checkpoint", graphs["ckpt"], "--json", out)
-    assert r.returncode == 0, r.stdout + r.stderr
-    report = json.loads(out.read_text())
-    assert report["mismatches"] == 0 and report["ok"] > 0, report
-    assert "eager float64" in report["references"]["logits_judged_against"]
-
-    model = load_checkpoint(graphs["ckpt"])
-    with torch.no_grad():
-        model.sources["0"].conv["1"].weight.mul_(1.02)
-    bad = save_checkpoint(model, tmp_path / "faulty")
-    r = run_cli("loadtest", *common, "--checkpoint", bad)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "mismatch:" in r.stdout and "bound" in r.stdout, r.stdout
-
-    other, _ = make_checkpoint(tmp_path / "other", seed=1, n_blocks=2)
-    r = run_cli("loadtest", *common, "--checkpoint", other)
-    assert r.returncode == 2 and "not the served model" in r.stderr and "Traceback" not in r.stderr, r.stderr
-
-
-def test_loadtest_rejects_non_loopback_targets(triton):
-    r = run_cli("loadtest", "--url", "http://10.1.2.3:8000", "--seconds", 1, timeout=120)
-    assert r.returncode == 2 and "only targets this machine" in r.stderr
-
-
 def test_crash_and_restart_lose_no_committed_files(triton, graphs, refs, tmp_path):
     """SIGKILL the server (and its stubs) mid-traffic, then SIGTERM it: the repository is
     intact each time, and a restart reuses it and answers as before."""
@@ -504,14 +341,3 @@ def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
     finally:
         server.stop()
 
-
-def test_load_job_travels_to_the_triton_venv_as_json():
-    """The job .venv-triton runs is the one the CLI built, field for field."""
-    from msar_export.serving.load.job import LoadJob
-    from msar_export.serving.load.loadtest import CompareSettings, LoadSettings
-
-    job = LoadJob(urls=["http://127.0.0.1:1"], settings=LoadSettings(models=("logits",), checkpoint="/ck", rtol=3e-4),
-                  compare=CompareSettings(max_batch=4, workdir="/w"), prefill="/p.onnx", json_out="/o.json")
-    assert LoadJob.from_json(job.to_json()) == job
-    plain = LoadJob(urls=["grpc://[::1]:2"], settings=LoadSettings())
-    assert LoadJob.from_json(plain.to_json()) == plain

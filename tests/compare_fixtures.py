@@ -1,0 +1,42 @@
+"""What test_compare.py and test_compare_cli.py share: the export both check (made once
+per session) and the fault injection that edits a checkpoint's weights."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import make_checkpoint
+from msar_export.checkpoint import load_checkpoint
+from msar_export.export import ExportOptions, export_model
+
+
+@pytest.fixture(scope="session")
+def faithful(tmp_path_factory):
+    """A small random msar checkpoint (kernels [1,3,5], 2 blocks) and its fp32 prefill graph."""
+    root = tmp_path_factory.mktemp("compare")
+    ckpt, cfg = make_checkpoint(root / "ckpt", seed=5)
+    onnx_path = root / "model.onnx"
+    export_model(load_checkpoint(ckpt), onnx_path, ExportOptions(), validate=False)
+    return ckpt, onnx_path, cfg
+
+
+def faulted(src: Path, dst: Path, edit) -> Path:
+    """Copy checkpoint `src` to `dst` with `edit(tensors)` applied (the same config)."""
+    dst.mkdir(parents=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    tensors = load_file(str(src / "model.safetensors"))
+    with torch.no_grad():
+        edit(tensors)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"))
+    return dst
+
+
+def scale_tap(i, r, tap, factor=1.02):
+    def edit(t):
+        t[f"sources.{i}.conv.{r}.weight"][:, 0, tap] *= factor
+    return edit
