@@ -16,12 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError
-from ...graph_spec import LOGITS
 from ...verdict import SAME_GRAPH, judge, rel_err
 from ..triton.client import ServingClient
-
-_ORT_PRECISION = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16"}
-
 
 class References:
     """Batch-1 ONNX Runtime runs of the served files (or the files given), and the
@@ -67,8 +63,7 @@ class References:
 
     def _served_precision(self) -> str:
         m = self.logits_model or self.decoder_for_logits or self.decoder
-        ort_type = next(o.type for o in m.session.get_outputs() if o.name == LOGITS)
-        return _ORT_PRECISION.get(ort_type, "float32")
+        return m.graph.precision or "float32"  # the opened graph's msar.dtype
 
     def compute(self, item) -> None:
         """Fill the item's references."""
