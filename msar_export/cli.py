@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli_common import Parser, add_dtype, add_plugins, add_trust_pickle, run_command  # noqa: F401  (run_command, Parser: also used through msar_export.cli)
+from .cli_common import Parser, add_dtype, add_ort_ops, add_plugins, add_trust_pickle, run_command  # noqa: F401  (run_command, Parser: also used through msar_export.cli)
 from .errors import InputError
 
 
@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=None,
                    help="ONNX Runtime threads (default: runners.ort_runner.THREADS['generate'])")
+    add_ort_ops(g)
     add_trust_pickle(g)
     g.set_defaults(func=cmd_generate)
 
@@ -140,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="msar prefill: FusedMixer nodes (TensorRT plugin path) or shared views + DepthRetrieval "
                         "nodes (faster in ONNX Runtime)")
     e.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime vs eager check after export")
+    add_ort_ops(e)
     add_trust_pickle(e)
     e.set_defaults(func=cmd_export)
 

@@ -8,11 +8,15 @@ spelling, one grammar and one meaning:
 --shapes BxT[,BxT...]     token batch shapes to run (engine optimisation profiles are
                           `build --profile`)
 --trust-pickle            allow model.pt / pytorch_model.bin checkpoints (weights_only=True)
+--ort-ops WHICH           how ONNX Runtime runs the msar nodes: auto (the native kernels when
+                          built, else the function bodies), native, function; set for the whole
+                          process and its children (MSAR_ORT_OPS), so every session agrees
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .errors import MsarError
@@ -46,8 +50,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+# The runner's names, copied: importing it here would load onnxruntime for every command
+# (tests/test_ort_kernels.py checks the copy).
+ORT_OPS_ENV = "MSAR_ORT_OPS"
+ORT_OPS_CHOICES = ("auto", "native", "function")
+
+
+def add_ort_ops(p, extra: tuple[str, ...] = ()) -> None:
+    p.add_argument("--ort-ops", choices=ORT_OPS_CHOICES + extra, default=None,
+                   help="msar nodes in ONNX Runtime: the native kernels (plugins/msarOrtOps, built by "
+                        "scripts/setup_env.sh), their function bodies, or auto (native when built; default, "
+                        f"or ${ORT_OPS_ENV})" + (f"; {', '.join(extra)}: see the command" if extra else ""))
+
+
 def run_command(args) -> int:
     """Run a parsed subcommand: user errors one line + exit 2, bugs a traceback + exit 1."""
+    if getattr(args, "ort_ops", None) in ORT_OPS_CHOICES:
+        os.environ[ORT_OPS_ENV] = args.ort_ops  # every session, and the validating process export execs
     try:
         return args.func(args)
     except MsarError as e:

@@ -34,10 +34,10 @@ class OrtModel:
     """The prefill graph: input_ids -> logits."""
 
     def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all",
-                 low_memory: bool = False):
+                 low_memory: bool = False, ort_ops: str | None = None):
         self.path = Path(path)
         self.graph, self.ort = open_graph(path, providers=providers, threads=threads, optimization=optimization,
-                                          low_memory=low_memory)
+                                          low_memory=low_memory, ort_ops=ort_ops)
         self.session = self.ort.session
         self.cfg = self.graph.config
 
@@ -55,10 +55,10 @@ class OrtDecoder:
     """The decode graph: prefill with an empty cache, then one token per step."""
 
     def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all",
-                 low_memory: bool = False):
+                 low_memory: bool = False, ort_ops: str | None = None):
         self.path = Path(path)
         self.graph, self.ort = open_graph(path, providers=providers, threads=threads, optimization=optimization,
-                                          low_memory=low_memory)
+                                          low_memory=low_memory, ort_ops=ort_ops)
         self.session = self.ort.session
         self.cfg = self.graph.config
         self.spec = GraphSpec(self.cfg, decode=True)

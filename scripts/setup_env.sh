@@ -12,3 +12,8 @@ if ! .venv/bin/python -c "import torch, onnxruntime, msar_export, tensorrt_rtx, 
     .venv/bin/pip install -q torch==2.13.0
     .venv/bin/pip install -q torch==2.13.0 -e ".[test,rtx]"
 fi
+# The native msar kernels for ONNX Runtime (plugins/msarOrtOps): headers fetched once into a
+# cache, the library rebuilt only when its sources change.  Without them the function bodies run.
+if headers=$(./scripts/fetch_ort_headers.sh); then
+    .venv/bin/python -m msar_export.kernels.ort_ops --sources plugins --headers "$headers" || true
+fi

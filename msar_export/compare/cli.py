@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..verdict import MULTIPLE
-from ..cli_common import add_dtype, add_plugins, add_shapes, add_trust_pickle
+from ..cli_common import add_dtype, add_ort_ops, add_plugins, add_shapes, add_trust_pickle
 
 EPILOG = f"""\
 Exit status: 0 every backend within tolerance, 1 a mismatch (the report names the
@@ -40,6 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the token batches")
     p.add_argument("--report", metavar="DIR", help="write parity.json, parity.png, summary.txt and the golden files "
                                                    "inputs.json / golden.json (Polygraphy formats) here")
+    add_ort_ops(p, extra=("both",))  # both: the native kernels and the function bodies, side by side
     add_trust_pickle(p)
     p.add_argument("--verbose", action="store_true", help="show Polygraphy's own log")
     p.set_defaults(func=cmd_check)
@@ -54,7 +55,8 @@ def cmd_check(a) -> int:
     if a.report and Path(a.report).exists() and not Path(a.report).is_dir():
         raise InputError(f"--report {a.report}: exists and is not a directory")  # before the slow part
     opts = CheckOptions(engine=a.engine, plugins=tuple(a.plugins), dtype=a.dtype, tol=a.tol, shapes=shapes,
-                        seed=a.seed, tensorrt=not a.no_trt, trust_pickle=a.trust_pickle, verbose=a.verbose)
+                        seed=a.seed, tensorrt=not a.no_trt, trust_pickle=a.trust_pickle, verbose=a.verbose,
+                        ort_ops=("native", "function") if a.ort_ops == "both" else (a.ort_ops,))
     result = check_parity(a.checkpoint, a.onnx, opts,
                           progress=lambda msg: print(f"msar-export check: {msg}", file=sys.stderr, flush=True))
     print_report(result, polygraphy_cmd=write_report(result, a.report) if a.report else None)

@@ -151,6 +151,7 @@ class CheckOptions:
     seed: int = 0
     tensorrt: bool = True
     providers: tuple = ("cpu",)
+    ort_ops: tuple = (None,)  # msar nodes in ORT, one backend each: None (MSAR_ORT_OPS), "native", "function"
     trust_pickle: bool = False
     verbose: bool = False
 
@@ -236,11 +237,16 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, opts: C
 
     # ONNX Runtime runs the graph exactly as exported, so it is judged at the graph's own
     # precision; --dtype is the precision TensorRT runs in, never stricter than the graph's.
-    say(f"onnxrt: running {graph.path.name} ({graph.precision})")
-    got, err, secs = run_backend(onnxrt_runner(graph.exported or graph.path, names, providers=o.providers), feeds,
-                                 verbose)
-    backends.append(_backend_result("onnxrt", ref_iters, got, err, secs, order, tolerance_at(graph.precision),
-                                    graph.precision, (), verbose))
+    from ..runners.ort_runner import resolve_ort_ops
+
+    for ort_ops in o.ort_ops:
+        name = "onnxrt" if len(o.ort_ops) == 1 else f"onnxrt-{ort_ops}"
+        how = "native msar kernels" if resolve_ort_ops(ort_ops) is not None else "msar function bodies"
+        say(f"{name}: running {graph.path.name} ({graph.precision}, {how})")
+        runner = onnxrt_runner(graph.exported or graph.path, names, providers=o.providers, name=name, ort_ops=ort_ops)
+        got, err, secs = run_backend(runner, feeds, verbose)
+        backends.append(_backend_result(name, ref_iters, got, err, secs, order, tolerance_at(graph.precision),
+                                        graph.precision, (), verbose))
     trt_precision = looser(dtype or graph.precision, graph.precision)
     trt_tol = None if trt_skip is not None else tolerance_at(trt_precision)
     backends.append(_tensorrt(graph, engine_path, plugins, trt_precision, trt_tol, trt_skip, shapes, feeds, ref_iters,

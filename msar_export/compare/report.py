@@ -191,7 +191,7 @@ def write_plot(result: ParityResult, path: str | os.PathLike) -> None:
 def polygraphy_command(result: ParityResult, inputs_path, golden_path) -> str:
     """`polygraphy run` on the ONNX graph against the golden outputs, with the same
     per-output atol (= tolerance * max|reference|), rtol 0 and the max statistic."""
-    onnxrt = result.backend("onnxrt")
+    onnxrt = next(b for b in result.backends if b.name.startswith("onnxrt"))  # --ort-ops both: onnxrt-native
     ref_iters = list(result.golden[REFERENCE])
     scales = reference_scales(ref_iters, result.layer_names)
     tol = onnxrt.tolerance

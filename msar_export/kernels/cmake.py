@@ -116,7 +116,8 @@ class CMakeBuild:
     def artifact(self, target: str) -> Path:
         """Where `target`'s library or executable lands once built."""
         names = {"msar_emulation": "tests/libmsar_emulation.so", "msar_kernels": "libmsar_kernels.so",
-                 "msar_plugins": "libmsar_plugins.so", "msar_plugins_dynamic": "libmsar_plugins_dynamic.so"}
+                 "msar_plugins": "libmsar_plugins.so", "msar_plugins_dynamic": "libmsar_plugins_dynamic.so",
+                 "msar_ort_ops": "libmsar_ort_ops.so"}
         return self.dir / names.get(target, f"tests/{target}")
 
     def built(self, target: str) -> Path:

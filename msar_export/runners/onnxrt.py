@@ -27,9 +27,11 @@ def open_graph(path, **session) -> tuple[ExportedGraph, OrtGraph]:
     return graph, OrtGraph(graph.path, label=str(graph.path), **session)
 
 
-def onnxrt_runner(graph, outputs: list[str], providers=("cpu",), name: str = "onnxrt") -> OrtRunner:
+def onnxrt_runner(graph, outputs: list[str], providers=("cpu",), name: str = "onnxrt",
+                  ort_ops: str | None = None) -> OrtRunner:
     """OrtRunner whose outputs are exactly `outputs` (e.g. logits and hidden.1..L+1); `graph`:
-    an ExportedGraph or a path.  The session reads the weights from the model's folder."""
+    an ExportedGraph or a path.  The session reads the weights from the model's folder.
+    ort_ops: the msar nodes' implementation (ort_runner.resolve_ort_ops)."""
     graph = _opened(graph)
     return OrtRunner(lambda: graph.model_bytes(extra_outputs=outputs), name=name, outputs=list(outputs), providers=list(providers),
-                     external_folder=graph.path.parent, label=str(graph.path), what="graph")
+                     external_folder=graph.path.parent, label=str(graph.path), what="graph", ort_ops=ort_ops)

@@ -23,8 +23,10 @@ caches; logits, then their next values in the same order - is GraphSpec's
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 
@@ -98,15 +100,59 @@ def resolve_providers(providers=None) -> list[str]:
 THREADS = {"validation": 2, "reference": 1, "serving": 1, "generate": 2, "probe": 1}
 
 
+# The native msar kernels (plugins/msarOrtOps, built by scripts/setup_env.sh into this folder;
+# `msar-export serve` copies them beside this file).  MSAR_ORT_OPS chooses for every session of
+# the process and its children: auto (the library when it is there, else the function bodies,
+# with one line on stderr), native (the library or an error), function, or a library's path.
+ORT_OPS_ENV = "MSAR_ORT_OPS"
+ORT_OPS_CHOICES = ("auto", "native", "function")
+NATIVE_LIBRARY = "libmsar_ort_ops.so"
+_told_missing = False
+
+
+def native_library() -> Path | None:
+    """The native msar kernel library this process would load, or None."""
+    choice = os.environ.get(ORT_OPS_ENV, "auto")
+    if choice not in ORT_OPS_CHOICES:
+        return Path(choice) if Path(choice).is_file() else None
+    here = Path(__file__).with_name(NATIVE_LIBRARY)
+    return here if here.is_file() else None
+
+
+def resolve_ort_ops(ort_ops: str | None = None) -> Path | None:
+    """The library to register for `ort_ops` (None: MSAR_ORT_OPS, default auto), or None for the
+    function bodies.  `native` (or a path) without a loadable library is a LoadError."""
+    global _told_missing
+    choice = ort_ops or os.environ.get(ORT_OPS_ENV, "auto")
+    if choice == "function":
+        return None
+    if choice not in ORT_OPS_CHOICES:  # a path
+        if not Path(choice).is_file():
+            raise LoadError(f"{ORT_OPS_ENV}={choice}: no such library; build it with scripts/setup_env.sh")
+        return Path(choice)
+    lib = native_library()
+    if lib is None and choice == "native":
+        raise LoadError(f"native msar kernels requested but {NATIVE_LIBRARY} is not built; scripts/setup_env.sh "
+                        "builds it (needs cmake, ninja, g++ and the ONNX Runtime headers it fetches)")
+    if lib is None and not _told_missing:
+        _told_missing = True
+        print(f"msar-export: native msar kernels not built ({NATIVE_LIBRARY}; scripts/setup_env.sh builds them): "
+              "ONNX Runtime runs the msar function bodies", file=sys.stderr)
+    return lib
+
+
 def session_options(threads: int | None = None, optimization: str = "all", low_memory: bool = False,
-                    spinning: bool = True, external_folder: str | os.PathLike | None = None):
+                    spinning: bool = True, external_folder: str | os.PathLike | None = None,
+                    ort_ops: str | None = None):
     """The SessionOptions of every session msar-export opens.
 
     threads: intra-op threads (None: ORT's default, one per core), one inter-op thread.
     low_memory: no pre-packed copy of each MatMul weight (ORT's CPU default: a second
     copy of most weights), so weights in external data are used straight from the mapped file.
     spinning=False: idle threads sleep (several Triton stubs share few cores).
-    external_folder: where a model given as bytes has its external data (the model's folder)."""
+    external_folder: where a model given as bytes has its external data (the model's folder).
+    ort_ops: auto / native / function / a library path (resolve_ort_ops); the registered kernels
+    take the msar nodes and their function bodies are then not inlined."""
     import onnxruntime as ort
 
     if optimization not in OPTIMIZATION_LEVELS:
@@ -126,25 +172,32 @@ def session_options(threads: int | None = None, optimization: str = "all", low_m
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[optimization]
     opts.log_severity_level = 3
+    library = resolve_ort_ops(ort_ops)
+    if library is not None:
+        opts.register_custom_ops_library(str(library))
     return opts
 
 
 def open_session(model, providers=None, threads: int | None = None, optimization: str = "all",
                  low_memory: bool = False, spinning: bool = True, external_folder=None, label=None,
-                 what: str = "file"):
+                 what: str = "file", ort_ops: str | None = None):
     """An InferenceSession over `model` (a path, or the bytes of a model).  A graph ONNX
-    Runtime cannot load is a LoadError naming `label` (the file), one line."""
+    Runtime cannot load is a LoadError naming `label` (the file), one line.  The session's
+    `msar_native` says whether the native msar kernels were registered."""
     import onnxruntime as ort
 
-    opts = session_options(threads, optimization, low_memory, spinning, external_folder)
+    native = resolve_ort_ops(ort_ops) is not None
+    opts = session_options(threads, optimization, low_memory, spinning, external_folder, ort_ops)
     source = model if isinstance(model, (bytes, bytearray)) else str(model)
     try:
         # low_memory also drops constant folding, whose folded copies stayed beside the weights
         # (a transposed tied embedding; float32 Casts of float16 weights): 1863 -> 1450 MiB for
         # a 318 M-parameter float32 file, 2348 -> ~1900 MiB for its float16 export, logits
         # bit-identical in both (2026-12-01; tests/test_export_memory.py compares them).
-        return ort.InferenceSession(source, opts, providers=resolve_providers(providers),
-                                    disabled_optimizers=["ConstantFolding"] if low_memory else None)
+        session = ort.InferenceSession(source, opts, providers=resolve_providers(providers),
+                                       disabled_optimizers=["ConstantFolding"] if low_memory else None)
+        session.msar_native = native
+        return session
     except Exception as e:  # ORT raises its own Fail/InvalidGraph/... types for unreadable files
         name = label if label is not None else ("the model" if source is model else source)
         err = LoadError(f"{name}: ONNX Runtime cannot load this {what} ({_first_line(e)[:300]})")
@@ -236,4 +289,5 @@ class OrtRunner(_RunnerBase):
         self.graph = None
 
 
-__all__ = ["OrtGraph", "OrtRunner", "LoadError", "open_session", "session_options", "resolve_providers"]
+__all__ = ["OrtGraph", "OrtRunner", "LoadError", "open_session", "session_options", "resolve_providers",
+           "resolve_ort_ops", "native_library", "ORT_OPS_ENV", "ORT_OPS_CHOICES", "NATIVE_LIBRARY"]

@@ -1,0 +1,64 @@
+"""Building the native msar kernels for ONNX Runtime (plugins/msarOrtOps, CMake target
+msar_ort_ops) and installing the library where the runner looks for it: beside
+runners/ort_runner.py (`ort_runner.NATIVE_LIBRARY`).
+
+    python -m msar_export.kernels.ort_ops --sources plugins --headers DIR   # scripts/setup_env.sh
+
+Prints one line: where the library went, or why it could not be built (exit 1); without
+it ONNX Runtime runs the msar function bodies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from . import cmake
+
+TARGET = "msar_ort_ops"
+
+
+def build_library(sources=None, headers=None) -> Path:
+    """The built library (cached CMake build folder; a no-op when up to date)."""
+    build = cmake.CMakeBuild(sources, defines={"ONNXRUNTIME_INCLUDE_DIR": str(headers or ""), "MSAR_CUDA": "OFF"})
+    if not build.has_target(TARGET):
+        raise cmake.BuildError(f"CMake skipped {TARGET}: {build.configure()}")
+    return build.built(TARGET)
+
+
+def install_path() -> Path:
+    from ..runners import ort_runner
+
+    return Path(ort_runner.__file__).with_name(ort_runner.NATIVE_LIBRARY)
+
+
+def install(library: Path) -> Path:
+    """Copy `library` beside the runner, atomically (a running process keeps its mapping)."""
+    dest = install_path()
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    shutil.copyfile(library, tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sources", default=None, help=f"the plugins/ folder (default: ${cmake.SOURCES_ENV})")
+    p.add_argument("--headers", required=True, help="folder with onnxruntime_c_api.h")
+    a = p.parse_args(argv)
+    why = cmake.tools_unavailable()
+    if why is None:
+        try:
+            print(f"native msar kernels for ONNX Runtime: {install(build_library(a.sources, a.headers))}")
+            return 0
+        except (cmake.BuildError, OSError) as e:
+            why = str(e).strip().splitlines()[0]
+    print(f"native msar kernels not built ({why}); ONNX Runtime will run the msar function bodies", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+/*
+ * The msar ops on the CPU, for ONNX Runtime (ortOps.cpp) - plain C++, no ORT
+ * types, so the arithmetic can be read and tested on its own.
+ *
+ * Float32 inside whatever the storage type (MSAR_SPEC 1.2: norms, scores and
+ * the softmax in float32); the softmax is max-subtracted, computed online over
+ * the sources (flash-attention style), so a mixer with n sources never holds n
+ * views at once.  Channels are padded to a whole number of SIMD vectors in the
+ * scratch buffers (the pad is zero and never reaches an output).
+ */
+#ifndef MSAR_ORT_CPU_KERNELS_H
+#define MSAR_ORT_CPU_KERNELS_H
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace msar::cpu
+{
+
+enum class Storage
+{
+    kFloat32,
+    kFloat16,
+    kBFloat16,
+};
+
+//! Runs fn(data, i) for i in [0, total); ORT's intra-op pool in the library, a loop in tests.
+struct Parallel
+{
+    virtual ~Parallel() = default;
+    virtual void run(std::size_t total, std::size_t batch, void (*fn)(void*, std::size_t), void* data) const = 0;
+};
+
+//! FusedMixer (export/contracts.py): one mixer from the raw sources.
+struct FusedMixerProblem
+{
+    Storage storage;
+    int64_t B, T, d, n;            // batch, tokens, width, sources
+    std::vector<int32_t> kernels;  // stream_kernels, first is 1
+    float eps;
+    void const* query;        // [m, d]
+    void const* gate_weight;  // [m, m*d]
+    void const* gate_bias;    // [m]
+    void const* gate_scale;   // []
+    void const* conv_weight;  // [N >= n, d, K]
+    std::vector<void const*> sources;  // n x [B, T, d]
+    void* h;                           // [B, T, d]
+};
+
+//! DepthRetrieval (export/contracts.py): retrieval over already expanded views.
+struct DepthRetrievalProblem
+{
+    Storage storage;
+    int64_t B, T, m, d, n;
+    float eps;
+    void const* query;               // [m, d]
+    std::vector<void const*> views;  // n x [B, T, m, d]
+    void* z;                         // [B, T, m, d]
+};
+
+void fusedMixer(FusedMixerProblem const& p, Parallel const& parallel);
+void depthRetrieval(DepthRetrievalProblem const& p, Parallel const& parallel);
+
+} // namespace msar::cpu
+
+#endif // MSAR_ORT_CPU_KERNELS_H

@@ -1,0 +1,178 @@
+/*
+ * SIMD vectors through GCC/Clang vector extensions (no intrinsics): the width
+ * follows the target the library is compiled for (AVX-512: 16 floats, else 8),
+ * and every load or store is a memcpy, so nothing needs to be aligned.
+ */
+#ifndef MSAR_ORT_CPU_VECTOR_H
+#define MSAR_ORT_CPU_VECTOR_H
+
+#include "cpuKernels.h"
+
+#include <cstdint>
+#include <cstring>
+
+namespace msar::cpu
+{
+
+#if defined(__AVX512F__)
+constexpr int64_t kVW = 16;
+#else
+constexpr int64_t kVW = 8;
+#endif
+typedef float vf __attribute__((vector_size(kVW * sizeof(float))));
+
+inline vf vload(float const* p)
+{
+    vf v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+inline void vstore(float* p, vf v)
+{
+    std::memcpy(p, &v, sizeof v);
+}
+
+inline vf vsplat(float x)
+{
+    return vf{} + x;
+}
+
+inline float hsum(vf v)
+{
+    float s = 0.F;
+    for (int64_t i = 0; i < kVW; ++i)
+    {
+        s += v[i];
+    }
+    return s;
+}
+
+//! d rounded up to whole vectors: the scratch rows' stride.
+inline int64_t padded(int64_t d)
+{
+    return (d + kVW - 1) / kVW * kVW;
+}
+
+//! Elements [offset, offset + count) of a float32 or float16 tensor into float32; the pad up to
+//! `padTo` is zeroed.
+inline void loadRow(float* dst, void const* src, int64_t offset, int64_t count, int64_t padTo, Storage s)
+{
+    if (s == Storage::kFloat32)
+    {
+        std::memcpy(dst, static_cast<float const*>(src) + offset, count * sizeof(float));
+    }
+    else if (s == Storage::kFloat16)
+    {
+        _Float16 const* h = static_cast<_Float16 const*>(src) + offset;
+        for (int64_t i = 0; i < count; ++i)
+        {
+            dst[i] = static_cast<float>(h[i]);
+        }
+    }
+    else
+    {
+        uint16_t const* h = static_cast<uint16_t const*>(src) + offset;
+        for (int64_t i = 0; i < count; ++i)
+        {
+            uint32_t const bits = static_cast<uint32_t>(h[i]) << 16;  // bfloat16 is float32's upper half
+            std::memcpy(dst + i, &bits, sizeof bits);
+        }
+    }
+    for (int64_t i = count; i < padTo; ++i)
+    {
+        dst[i] = 0.F;
+    }
+}
+
+inline void storeRow(void* dst, int64_t offset, float const* src, int64_t count, Storage s)
+{
+    if (s == Storage::kFloat32)
+    {
+        std::memcpy(static_cast<float*>(dst) + offset, src, count * sizeof(float));
+    }
+    else if (s == Storage::kFloat16)
+    {
+        _Float16* h = static_cast<_Float16*>(dst) + offset;
+        for (int64_t i = 0; i < count; ++i)
+        {
+            h[i] = static_cast<_Float16>(src[i]);
+        }
+    }
+    else
+    {
+        uint16_t* h = static_cast<uint16_t*>(dst) + offset;
+        for (int64_t i = 0; i < count; ++i)
+        {
+            uint32_t bits;
+            std::memcpy(&bits, src + i, sizeof bits);
+            if ((bits & 0x7fffffffU) > 0x7f800000U)
+            {
+                h[i] = static_cast<uint16_t>((bits >> 16) | 0x40U);  // NaN stays NaN
+            }
+            else
+            {
+                h[i] = static_cast<uint16_t>((bits + 0x7fffU + ((bits >> 16) & 1U)) >> 16);  // round to nearest even
+            }
+        }
+    }
+}
+
+} // namespace msar::cpu
+
+#endif // MSAR_ORT_CPU_VECTOR_H
+
+#include <cmath>
+
+namespace msar::cpu
+{
+
+//! q . v and v . v over `dp` padded channels.
+inline void dotAndSquares(float const* q, float const* v, int64_t dp, float& dot, float& squares)
+{
+    vf a = vf{}, b = vf{};
+    for (int64_t c = 0; c < dp; c += kVW)
+    {
+        vf x = vload(v + c);
+        a += vload(q + c) * x;
+        b += x * x;
+    }
+    dot = hsum(a);
+    squares = hsum(b);
+}
+
+//! The retrieval score q . RMSNorm(v) = (q . v) / sqrt(mean(v^2) + eps), over the d real channels.
+inline float score(float dot, float squares, int64_t d, float eps)
+{
+    return dot / std::sqrt(squares / static_cast<float>(d) + eps);
+}
+
+//! Folds one more source (view v, score s) into a running max-subtracted softmax sum:
+//! z = sum_i exp(s_i - max) v_i and den = sum_i exp(s_i - max), rescaled when the max grows.
+//! z starts at zero and max at -inf (the first source rescales by exp(-inf) = 0).
+inline void onlineAdd(float* z, float const* v, int64_t dp, float s, float& max, float& den)
+{
+    if (s > max)
+    {
+        float const scale = std::exp(max - s);
+        vf const sc = vsplat(scale);
+        for (int64_t c = 0; c < dp; c += kVW)
+        {
+            vstore(z + c, vload(z + c) * sc + vload(v + c));
+        }
+        den = den * scale + 1.F;
+        max = s;
+    }
+    else
+    {
+        float const w = std::exp(s - max); // NaN scores land here and poison z, as in the reference
+        vf const wv = vsplat(w);
+        for (int64_t c = 0; c < dp; c += kVW)
+        {
+            vstore(z + c, vload(z + c) + wv * vload(v + c));
+        }
+        den += w;
+    }
+}
+
+} // namespace msar::cpu

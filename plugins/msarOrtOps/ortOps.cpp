@@ -1,0 +1,298 @@
+/*
+ * ONNX Runtime custom-op library for the msar ops: FusedMixer and
+ * DepthRetrieval (export/contracts.py, generated common/msarOpContracts.h),
+ * float32, float16 and bfloat16 storage (float32 inside), on the CPU execution provider.
+ *
+ *   so.register_custom_ops_library("libmsar_ort_ops.so")
+ *
+ * Built against the API-21 headers with ORT_API_MANUAL_INIT and linked against
+ * nothing from ONNX Runtime: the API table comes from the OrtApiBase the host
+ * passes to RegisterCustomOps, so one build loads in any ONNX Runtime whose
+ * API version is 21 or newer.  A registered kernel takes the node; the model's
+ * local function body is then not inlined.  Work is split with
+ * KernelContext_ParallelFor, so intra_op_num_threads governs it and the
+ * library starts no thread of its own.
+ */
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include "cpuKernels.h"
+#include "msarOpContracts.h"
+
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace
+{
+
+using msar::cpu::Storage;
+using Shape = std::vector<int64_t>;
+
+constexpr char const* kDomain = "msar";
+
+class OrtParallel final : public msar::cpu::Parallel
+{
+public:
+    explicit OrtParallel(Ort::KernelContext const& ctx) : mCtx(ctx) {}
+    void run(std::size_t total, std::size_t batch, void (*fn)(void*, std::size_t), void* data) const override
+    {
+        if (total == 1)
+        {
+            fn(data, 0);  // no pool round trip for a single item (decode, batch 1)
+            return;
+        }
+        mCtx.ParallelFor(fn, total, batch, data);
+    }
+
+private:
+    Ort::KernelContext const& mCtx;
+};
+
+std::string shapeText(Shape const& s)
+{
+    std::ostringstream out;
+    out << "[";
+    for (std::size_t i = 0; i < s.size(); ++i)
+    {
+        out << (i ? ", " : "") << s[i];
+    }
+    out << "]";
+    return out.str();
+}
+
+void expect(bool ok, char const* op, std::string const& what)
+{
+    if (!ok)
+    {
+        throw std::invalid_argument(std::string("msar::") + op + ": " + what);
+    }
+}
+
+struct Input
+{
+    void const* data;
+    Shape shape;
+    ONNXTensorElementDataType type;
+};
+
+Input input(Ort::KernelContext const& ctx, std::size_t i)
+{
+    Ort::ConstValue v = ctx.GetInput(i);
+    auto info = v.GetTensorTypeAndShapeInfo();
+    return {v.GetTensorRawData(), info.GetShape(), info.GetElementType()};
+}
+
+float floatAttr(OrtApi const& api, OrtKernelInfo const* info, char const* name, float fallback)
+{
+    float v = fallback;
+    if (OrtStatus* s = api.KernelInfoGetAttribute_float(info, name, &v))
+    {
+        api.ReleaseStatus(s);
+        return fallback;
+    }
+    return v;
+}
+
+//! One kernel per node; T is the element type this instance was registered for.
+struct FusedMixerKernel
+{
+    static constexpr char const* kName = msar::kFusedMixerName;
+    static constexpr std::size_t kFixed = msar::kFusedMixerFixedInputs;
+
+    FusedMixerKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
+    {
+        msar::FusedMixerAttrFields defaults;
+        mEps = floatAttr(api, info, "eps", defaults.eps);
+        Ort::ConstKernelInfo ki(info);
+        for (int64_t k : ki.GetAttributes<int64_t>("stream_kernels"))
+        {
+            mKernels.push_back(static_cast<int32_t>(k));
+        }
+    }
+
+    void compute(Ort::KernelContext& ctx) const
+    {
+        char const* op = kName;
+        std::size_t const count = ctx.GetInputCount();
+        expect(count > kFixed, op, "needs at least one source");
+        Input q = input(ctx, 0), gw = input(ctx, 1), gb = input(ctx, 2), gs = input(ctx, 3), cw = input(ctx, 4);
+        Input x0 = input(ctx, kFixed);
+        expect(x0.shape.size() == 3, op, "sources must be [B, T, d], got " + shapeText(x0.shape));
+        int64_t const B = x0.shape[0], T = x0.shape[1], d = x0.shape[2];
+        auto const m = static_cast<int64_t>(mKernels.size());
+        int64_t K = 0;
+        for (int64_t r = 1; r < m; ++r)
+        {
+            K += mKernels[r];
+        }
+        int64_t const n = static_cast<int64_t>(count - kFixed);
+        expect(q.shape == Shape{m, d}, op, "query must be [m, d] = " + shapeText({m, d}) + ", got " + shapeText(q.shape));
+        expect(gw.shape == Shape{m, m * d}, op, "gate_weight must be " + shapeText({m, m * d}) + ", got " + shapeText(gw.shape));
+        expect(gb.shape == Shape{m}, op, "gate_bias must be " + shapeText({m}) + ", got " + shapeText(gb.shape));
+        expect(gs.shape.empty() || gs.shape == Shape{1}, op, "gate_scale must be a scalar, got " + shapeText(gs.shape));
+        expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == d && cw.shape[2] == K, op,
+               "conv_weight must be [N >= " + std::to_string(n) + ", " + std::to_string(d) + ", " + std::to_string(K)
+                   + "], got " + shapeText(cw.shape));
+        msar::cpu::FusedMixerProblem p{mStorage, B, T, d, n, mKernels, mEps, q.data, gw.data, gb.data, gs.data, cw.data,
+                                       {}, nullptr};
+        for (int64_t i = 0; i < n; ++i)
+        {
+            Input x = input(ctx, kFixed + i);
+            expect(x.shape == x0.shape, op, "source " + std::to_string(i) + " is " + shapeText(x.shape) + ", source 0 is "
+                                                + shapeText(x0.shape));
+            p.sources.push_back(x.data);
+        }
+        p.h = ctx.GetOutput(0, x0.shape).GetTensorMutableRawData();
+        if (B * T * d > 0)
+        {
+            msar::cpu::fusedMixer(p, OrtParallel(ctx));
+        }
+    }
+
+    Storage mStorage;
+    std::vector<int32_t> mKernels;
+    float mEps;
+};
+
+struct DepthRetrievalKernel
+{
+    static constexpr char const* kName = msar::kDepthRetrievalName;
+    static constexpr std::size_t kFixed = msar::kDepthRetrievalFixedInputs;
+
+    DepthRetrievalKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
+    {
+        mEps = floatAttr(api, info, "eps", msar::DepthRetrievalAttrFields{}.eps);
+    }
+
+    void compute(Ort::KernelContext& ctx) const
+    {
+        char const* op = kName;
+        std::size_t const count = ctx.GetInputCount();
+        expect(count > kFixed, op, "needs at least one view");
+        Input q = input(ctx, 0), v0 = input(ctx, kFixed);
+        expect(v0.shape.size() == 4, op, "views must be [B, T, m, d], got " + shapeText(v0.shape));
+        int64_t const B = v0.shape[0], T = v0.shape[1], m = v0.shape[2], d = v0.shape[3];
+        expect(q.shape == Shape{m, d}, op, "query must be " + shapeText({m, d}) + ", got " + shapeText(q.shape));
+        msar::cpu::DepthRetrievalProblem p{mStorage, B, T, m, d, static_cast<int64_t>(count - kFixed), mEps, q.data, {}, nullptr};
+        for (std::size_t i = kFixed; i < count; ++i)
+        {
+            Input v = input(ctx, i);
+            expect(v.shape == v0.shape, op, "view " + std::to_string(i - kFixed) + " is " + shapeText(v.shape)
+                                                + ", view 0 is " + shapeText(v0.shape));
+            p.views.push_back(v.data);
+        }
+        p.z = ctx.GetOutput(0, v0.shape).GetTensorMutableRawData();
+        if (B * T * m * d > 0)
+        {
+            msar::cpu::depthRetrieval(p, OrtParallel(ctx));
+        }
+    }
+
+    Storage mStorage;
+    float mEps;
+};
+
+template <typename Kernel>
+struct Wrapped
+{
+    Kernel kernel;
+    OrtApi const& api;
+
+    OrtStatusPtr ComputeV2(OrtKernelContext* context)
+    {
+        try
+        {
+            Ort::KernelContext ctx(context);
+            kernel.compute(ctx);
+            return nullptr;
+        }
+        catch (std::exception const& e)
+        {
+            return api.CreateStatus(ORT_INVALID_ARGUMENT, e.what());
+        }
+    }
+};
+
+//! One registration per (op, element type); ONNX Runtime merges same-name ops into one
+//! schema whose type constraint is the union.
+template <typename Kernel>
+struct Op : Ort::CustomOpBase<Op<Kernel>, Wrapped<Kernel>, true>
+{
+    explicit Op(ONNXTensorElementDataType type) : mType(type) {}
+
+    OrtStatusPtr CreateKernelV2(OrtApi const& api, OrtKernelInfo const* info, void** out) const
+    {
+        try
+        {
+            Storage s = mType == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16    ? Storage::kFloat16
+                        : mType == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 ? Storage::kBFloat16
+                                                                         : Storage::kFloat32;
+            *out = new Wrapped<Kernel>{Kernel(api, info, s), api};
+            return nullptr;
+        }
+        catch (std::exception const& e)
+        {
+            return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string("msar::") + Kernel::kName + ": " + e.what()).c_str());
+        }
+    }
+
+    char const* GetName() const { return Kernel::kName; }
+    std::size_t GetInputTypeCount() const { return Kernel::kFixed + 1; }
+    ONNXTensorElementDataType GetInputType(std::size_t) const { return mType; }
+    OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(std::size_t i) const
+    {
+        return i == Kernel::kFixed ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
+    }
+    std::size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(std::size_t) const { return mType; }
+
+    ONNXTensorElementDataType mType;
+};
+
+// The ops and their domain must outlive every session that registered them.  bfloat16 too: the
+// registered schema replaces the function's, so a type left out would make bfloat16 files invalid.
+Op<FusedMixerKernel> const gFusedMixer[] = {Op<FusedMixerKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+                                            Op<FusedMixerKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
+                                            Op<FusedMixerKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
+Op<DepthRetrievalKernel> const gRetrieval[] = {Op<DepthRetrievalKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+                                               Op<DepthRetrievalKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
+                                               Op<DepthRetrievalKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
+std::mutex gDomainsLock;
+std::vector<Ort::CustomOpDomain> gDomains;
+
+} // namespace
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(
+    OrtSessionOptions* options, OrtApiBase const* base)
+{
+    OrtApi const* api = base->GetApi(ORT_API_VERSION);
+    if (api == nullptr)
+    {
+        return nullptr;  // an ONNX Runtime older than these headers: nothing can be reported through it
+    }
+    Ort::InitApi(api);
+    try
+    {
+        Ort::CustomOpDomain domain{kDomain};
+        for (auto const& op : gFusedMixer)
+        {
+            domain.Add(&op);
+        }
+        for (auto const& op : gRetrieval)
+        {
+            domain.Add(&op);
+        }
+        Ort::UnownedSessionOptions(options).Add(domain);
+        std::lock_guard<std::mutex> lock(gDomainsLock);
+        gDomains.push_back(std::move(domain));
+        return nullptr;
+    }
+    catch (std::exception const& e)
+    {
+        return api->CreateStatus(ORT_FAIL, e.what());
+    }
+}
