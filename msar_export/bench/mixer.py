@@ -9,8 +9,8 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from ..export.contracts import DOMAIN, DOMAIN_VERSION, FUSED_MIXER
-from ..export.functions import fused_mixer_function, ir_attributes
+from ..export.contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER
+from ..export.functions import depth_retrieval_function, fused_mixer_function, ir_attributes
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
 from ..verdict import rel_err
@@ -19,20 +19,36 @@ from .timing import copy_bandwidth_gbs, interleaved
 KERNELS = (1, 4, 8, 12)
 
 
-def fused_mixer_model(n: int, d: int, eps: float = 1e-6, opset: int = 18) -> ir.Model:
-    """A graph of one msar::FusedMixer node over n sources, with its function body."""
-    m, K = len(KERNELS), sum(KERNELS[1:])
-    f32 = ir.TensorType(ir.DataType.FLOAT)
-    shapes = {"query": [m, d], "gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [], "conv_weight": [n, d, K]}
-    inputs = [ir.Value(name=k, type=f32, shape=ir.Shape(s)) for k, s in shapes.items()]
-    inputs += [ir.Value(name=f"x{i}", type=f32, shape=ir.Shape(["B", "T", d])) for i in range(n)]
-    values = FUSED_MIXER.attribute_values(stream_kernels=KERNELS, eps=eps)
-    node = ir.Node(DOMAIN, FUSED_MIXER.name, inputs, overload=FUSED_MIXER.overload(n),
-                   attributes=ir_attributes(FUSED_MIXER, values))
-    node.outputs[0].name, node.outputs[0].type, node.outputs[0].shape = "h", f32, ir.Shape(["B", "T", d])
+def _one_node_model(contract, n: int, fixed: dict, variadic: list, values: dict, function, dtype, opset: int) -> ir.Model:
+    t = ir.TensorType(dtype)
+    inputs = [ir.Value(name=k, type=t, shape=ir.Shape(s)) for k, s in fixed.items()]
+    inputs += [ir.Value(name=f"x{i}", type=t, shape=ir.Shape(variadic)) for i in range(n)]
+    node = ir.Node(DOMAIN, contract.name, inputs, overload=contract.overload(n),
+                   attributes=ir_attributes(contract, values))
+    out = node.outputs[0]
+    out.name, out.type, out.shape = contract.outputs[0].name, t, ir.Shape(variadic)
     graph = ir.Graph(inputs, node.outputs, nodes=[node], opset_imports={"": opset, DOMAIN: DOMAIN_VERSION})
-    fn = fused_mixer_function(n, values, d, opset)
-    return ir.Model(graph, ir_version=10, functions=[fn])
+    return ir.Model(graph, ir_version=10, functions=[function])
+
+
+def fused_mixer_model(n: int, d: int, eps: float = 1e-6, opset: int = 18, kernels=KERNELS,
+                      dtype=ir.DataType.FLOAT, conv_rows: int | None = None) -> ir.Model:
+    """A graph of one msar::FusedMixer node over n sources (inputs query, gate_weight, gate_bias,
+    gate_scale, conv_weight with conv_rows >= n rows, x0..x{n-1}; output h), with its function body."""
+    m, K = len(kernels), sum(kernels[1:])
+    fixed = {"query": [m, d], "gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [],
+             "conv_weight": [conv_rows or n, d, K]}
+    values = FUSED_MIXER.attribute_values(stream_kernels=kernels, eps=eps)
+    return _one_node_model(FUSED_MIXER, n, fixed, ["B", "T", d], values, fused_mixer_function(n, values, d, opset),
+                           dtype, opset)
+
+
+def depth_retrieval_model(n: int, m: int, d: int, eps: float = 1e-6, opset: int = 18,
+                          dtype=ir.DataType.FLOAT) -> ir.Model:
+    """A graph of one msar::DepthRetrieval node over n view tensors (inputs query, x0..x{n-1}; output z)."""
+    values = DEPTH_RETRIEVAL.attribute_values(eps=eps)
+    return _one_node_model(DEPTH_RETRIEVAL, n, {"query": [m, d]}, ["B", "T", m, d], values,
+                           depth_retrieval_function(n, values, opset), dtype, opset)
 
 
 def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), threads: int = 2,

@@ -1,0 +1,35 @@
+"""The native msar kernel library for the tests: the installed one (scripts/setup_env.sh puts it
+beside the runner), else built here from plugins/ with headers from scripts/fetch_ort_headers.sh.
+The tests skip, with the reason, only where neither can be had."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def native_library() -> Path:
+    from msar_export.kernels import cmake
+    from msar_export.kernels.ort_ops import build_library
+    from msar_export.runners.ort_runner import native_library as installed
+
+    lib = installed()
+    if lib is not None:
+        return lib
+    why = cmake.tools_unavailable()
+    if why is None:
+        r = subprocess.run([str(REPO / "scripts" / "fetch_ort_headers.sh")], capture_output=True, text=True)
+        if r.returncode != 0:
+            why = r.stderr.strip()
+        else:
+            return build_library(REPO / "plugins", r.stdout.strip())
+    pytest.skip(f"native msar kernels cannot be built here: {why}")
+
+
+@pytest.fixture(scope="session")
+def ort_ops_library() -> str:
+    return str(native_library())

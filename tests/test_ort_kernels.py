@@ -1,0 +1,132 @@
+"""The native ONNX Runtime kernels (plugins/msarOrtOps) against the float64 references and the
+function bodies, one node at a time, at sizes the kernels were not tuned at: d not a multiple of
+the vector width or of the channel chunk, 1 token, fewer tokens than the longest kernel, one
+source and 97, batch 2, a conv bank with more rows than sources, float32 and float16."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+import torch
+from ort_ops_fixtures import ort_ops_library  # noqa: F401  (fixture)
+
+from msar_export import kernels as K
+from msar_export.bench.mixer import depth_retrieval_model, fused_mixer_model
+from msar_export.runners.ort_runner import open_session
+from msar_export.verdict import rel_err
+
+# Bounds against float64 (relative, as verdict.rel_err): float32 arithmetic inside in both cases;
+# float16 storage rounds the inputs and the output (u = 4.9e-4).
+BOUND = {"float32": 2e-6, "float16": 2e-3}
+DTYPES = {"float32": (ir.DataType.FLOAT, np.float32), "float16": (ir.DataType.FLOAT16, np.float16)}
+
+
+def session(model: ir.Model, ort_ops, threads: int = 2):
+    s = open_session(ir.serde.serialize_model(model).SerializeToString(), providers=["cpu"], threads=threads,
+                     ort_ops=ort_ops)
+    assert s.msar_native == (ort_ops != "function")
+    return s
+
+
+def mixer_inputs(n, kernels, B, T, d, seed, conv_rows=None):
+    g = torch.Generator().manual_seed(seed)
+    m, Kt = len(kernels), sum(kernels[1:])
+    return dict(query=torch.randn(m, d, generator=g), gate_weight=torch.randn(m, m * d, generator=g) / d**0.5,
+                gate_bias=torch.randn(m, generator=g), gate_scale=torch.tensor(1.0 + torch.rand((), generator=g).item()),
+                conv_weight=0.5 * torch.randn(conv_rows or n, d, Kt, generator=g),
+                sources=[torch.randn(B, T, d, generator=g) for _ in range(n)])
+
+
+def run_mixer(inp, kernels, precision, ort_ops, eps=1e-6):
+    n, d = len(inp["sources"]), inp["sources"][0].shape[-1]
+    irtype, nptype = DTYPES[precision]
+    model = fused_mixer_model(n, d, eps=eps, kernels=kernels, dtype=irtype, conv_rows=inp["conv_weight"].shape[0])
+    feeds = {k: inp[k].numpy().astype(nptype) for k in ("query", "gate_weight", "gate_bias", "gate_scale", "conv_weight")}
+    feeds.update({f"x{i}": x.numpy().astype(nptype) for i, x in enumerate(inp["sources"])})
+    return session(model, ort_ops).run(["h"], feeds)[0]
+
+
+def stored(inp, precision):
+    """The inputs as the graph holds them (float16 rounds them): the reference sees the same numbers."""
+    t = getattr(torch, precision)
+    return {k: ([x.to(t).double() for x in v] if k == "sources" else v.to(t).double()) for k, v in inp.items()}
+
+
+MIXER_CASES = [  # (n, kernels, B, T, d)
+    (3, [1, 4, 8, 12], 2, 37, 37),    # d not a multiple of 8 or 16; tiles that do not divide T
+    (1, [1, 4, 8, 12], 1, 5, 64),     # one source (all weights 1), fewer tokens than the longest kernel
+    (4, [1, 3, 5], 2, 1, 40),         # one token
+    (97, [1, 4, 8, 12], 1, 9, 24),    # 97 sources
+    (5, [1], 1, 70, 130),             # identity stream only; more than one channel chunk
+    (6, [1, 2, 3, 4, 5, 6, 7, 8], 1, 40, 16),  # eight streams; tokens past one tile of 32
+]
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("case", MIXER_CASES, ids=lambda c: "n{}-k{}-B{}T{}d{}".format(c[0], len(c[1]), *c[2:]))
+def test_fused_mixer_matches_float64(ort_ops_library, case, precision):
+    n, kernels, B, T, d = case
+    inp = mixer_inputs(n, kernels, B, T, d, seed=n + T, conv_rows=n + 2)
+    ref = K.reference_fused_mixer64(**stored(inp, precision), stream_kernels=kernels, eps=1e-6).numpy()
+    native = run_mixer(inp, kernels, precision, ort_ops_library)
+    function = run_mixer(inp, kernels, precision, "function")
+    assert native.dtype == np.dtype(precision) and native.shape == (B, T, d)
+    assert rel_err(native, ref) <= BOUND[precision], rel_err(native, ref)
+    assert rel_err(function, ref) <= BOUND[precision]  # the same bar holds for the portable path
+
+
+def test_fused_mixer_negative_control(ort_ops_library):
+    """2% on one source's taps (what `check` must catch in a model) is far outside the bound."""
+    kernels = [1, 4, 8, 12]
+    inp = mixer_inputs(5, kernels, 2, 20, 48, seed=7)
+    ref = K.reference_fused_mixer64(**stored(inp, "float32"), stream_kernels=kernels, eps=1e-6).numpy()
+    inp["conv_weight"][2] *= 1.02
+    err = rel_err(run_mixer(inp, kernels, "float32", ort_ops_library), ref)
+    assert err > 50 * BOUND["float32"], err
+
+
+def test_fused_mixer_eps_and_padding_rows(ort_ops_library):
+    """eps is read from the node (a large eps changes the scores), and rows of the conv bank past
+    the node's sources are never read (NaN there changes nothing)."""
+    kernels = [1, 3, 5]
+    inp = mixer_inputs(3, kernels, 1, 11, 20, seed=1, conv_rows=6)
+    inp["conv_weight"][3:] = float("nan")
+    for eps in (1e-6, 0.5):
+        ref = K.reference_fused_mixer64(**stored(inp, "float32"), stream_kernels=kernels, eps=eps).numpy()
+        assert rel_err(run_mixer(inp, kernels, "float32", ort_ops_library, eps=eps), ref) <= BOUND["float32"]
+    small = K.reference_fused_mixer64(**stored(inp, "float32"), stream_kernels=kernels, eps=1e-6).numpy()
+    assert rel_err(run_mixer(inp, kernels, "float32", ort_ops_library, eps=0.5), small) > 1e-3
+
+
+RETRIEVAL_CASES = [(1, 1, 2, 3, 37), (97, 4, 1, 2, 40), (9, 4, 3, 1, 8), (4, 2, 1, 33, 100)]  # (n, m, B, T, d)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("case", RETRIEVAL_CASES, ids=lambda c: "n{}-m{}-B{}T{}d{}".format(*c))
+def test_depth_retrieval_matches_float64(ort_ops_library, case, precision):
+    n, m, B, T, d = case
+    g = torch.Generator().manual_seed(n * 7 + d)
+    query = torch.randn(m, d, generator=g)
+    views = [torch.randn(B, T, m, d, generator=g) * (1 + i % 3) for i in range(n)]
+    _, nptype = DTYPES[precision]
+    t = getattr(torch, precision)
+    ref = K.reference_depth_retrieval64(query.to(t), [v.to(t) for v in views], 1e-6).numpy()
+    model = depth_retrieval_model(n, m, d, dtype=DTYPES[precision][0])
+    feeds = {"query": query.numpy().astype(nptype), **{f"x{i}": v.numpy().astype(nptype) for i, v in enumerate(views)}}
+    native = session(model, ort_ops_library).run(["z"], feeds)[0]
+    assert rel_err(native, ref) <= BOUND[precision], rel_err(native, ref)
+    # negative control: every view 2% larger leaves the scores (RMS-normalised) and scales z by 1.02
+    scaled = K.reference_depth_retrieval64(query.to(t), [v.to(t) * 1.02 for v in views], 1e-6).numpy()
+    assert rel_err(native, scaled) > 5 * BOUND[precision]
+
+
+def test_bad_shapes_are_one_clear_error(ort_ops_library):
+    """A node fed sources of different shapes fails with the op's own message, not a crash."""
+    model = fused_mixer_model(2, 16, kernels=[1, 3])
+    s = session(model, ort_ops_library)
+    inp = mixer_inputs(2, [1, 3], 1, 4, 16, seed=0)
+    feeds = {k: inp[k].numpy() for k in ("query", "gate_weight", "gate_bias", "gate_scale", "conv_weight")}
+    feeds.update(x0=inp["sources"][0].numpy(), x1=np.zeros((1, 5, 16), np.float32))
+    with pytest.raises(Exception, match="msar::FusedMixer: source 1 is"):
+        s.run(["h"], feeds)
