@@ -251,6 +251,8 @@ class TritonPythonModel:
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         path = os.path.join(version_dir, params.get("onnx_file", "model.onnx"))
         model = MsarOnnx(path, threads=int(params.get("threads", THREADS["serving"])))
+        how = "native msar kernels" if model.session.msar_native else "msar function bodies"
+        print(f"msar-export: model {config.get('name')}: ONNX Runtime runs the {how}", flush=True)  # the server log
         max_rows = max(1, int(config.get("max_batch_size") or 1))
         self.served = Served(params.get("msar_model", "logits"), model, max_rows,
                              int(params.get("merge_tokens", "8")), int(params.get("max_new_tokens_limit", "256")))

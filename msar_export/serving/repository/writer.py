@@ -155,8 +155,16 @@ def _engine_io(path: Path, plugins: list[Path]) -> GraphIO:
     return GraphIO(tuple(ins), tuple(outs), {})
 
 
+def native_ops() -> Path | None:
+    """The native msar kernel library ONNX Runtime sessions of this process load (None: the
+    function bodies run): a repository carries it so the served graph runs the same way."""
+    from ...runners.ort_runner import resolve_ort_ops
+
+    return resolve_ort_ops()
+
+
 def stock_config(name: str, backend: str, io: GraphIO, max_batch: int, kind: str, instances: int,
-                 queue_delay_us: int, batching: bool) -> tuple[str, bool]:
+                 queue_delay_us: int, batching: bool, op_library: Path | None = None) -> tuple[str, bool]:
     """config.pbtxt text for a stock backend, and whether Triton may batch this graph."""
     batched = io.batch_symbol() is not None and max_batch > 0
     cfg = {
@@ -167,6 +175,9 @@ def stock_config(name: str, backend: str, io: GraphIO, max_batch: int, kind: str
         "output": [io_entry(t, batched) for t in io.outputs],
         "dynamic_batching": ({"max_queue_delay_microseconds": queue_delay_us} if batched and batching else None),
         "instance_group": [{"count": instances, "kind": Enum(f"KIND_{kind.upper()}")}],
+        # Triton's onnxruntime backend registers these with the session (an absolute path: it is
+        # not resolved against the model folder).
+        "model_operations": {"op_library_filename": [str(op_library)]} if op_library else None,
     }
     return render(cfg), batched
 
@@ -211,12 +222,16 @@ def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str
         raise InputError(f"{model}: expected an ONNX model (.onnx) or a TensorRT engine ({', '.join(TRT_EXTS)})")
     check_repo_target(out, [model, *plugins], force)
     kind = kind or ("gpu" if backend == "tensorrt" else "cpu")
-    text, batched = stock_config(name, backend, io, max_batch, kind, instances, queue_delay_us, batching)
+    library = native_ops() if backend == "onnxruntime" else None
+    final_library = out.resolve() / name / library.name if library else None
+    text, batched = stock_config(name, backend, io, max_batch, kind, instances, queue_delay_us, batching, final_library)
     with atomic_dir(out) as tmp:
         mdir = tmp / name
         (mdir / "1").mkdir(parents=True)
         (mdir / "config.pbtxt").write_text(text)
         if backend == "onnxruntime":
+            if library is not None:
+                shutil.copy2(library, mdir / library.name)
             copy_onnx_bundle(model, io.files, mdir / "1" / "model.onnx")
             check_runs(mdir / "1" / "model.onnx")
         else:
@@ -280,9 +295,9 @@ def serving_configs(prefill_io: GraphIO | None, decode_io: GraphIO | None, repo_
     return out
 
 
-def _key(prefill: Path | None, decode: Path | None, configs: dict[str, str]) -> str:
+def _key(prefill: Path | None, decode: Path | None, configs: dict[str, str], library: Path | None) -> str:
     h = hashlib.sha256()
-    for p in (prefill, decode):
+    for p in (prefill, decode, library):
         h.update((file_sha256(p) if p else "-").encode())
     h.update(TRITON_MODEL_PY.read_bytes())
     h.update(ORT_RUNNER_PY.read_bytes())
@@ -324,7 +339,8 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
         raise OnnxModelError(f"{prefill} and {decode} come from different model configurations")
     configs = serving_configs(prefill_io, decode_io, out, max_batch, batching, instances, threads, queue_delay_us,
                               merge_tokens, max_new_tokens_limit)
-    key = _key(prefill, decode, configs)
+    library = native_ops()  # copied beside the runner, which loads what lies beside it
+    key = _key(prefill, decode, configs, library)
     if (out / MANIFEST).is_file():
         try:
             old = json.loads((out / MANIFEST).read_text())
@@ -343,6 +359,8 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
             (tmp / name / "config.pbtxt").write_text(text)
             shutil.copy2(TRITON_MODEL_PY, tmp / name / "1" / "model.py")
             shutil.copy2(ORT_RUNNER_PY, tmp / name / "1" / ORT_RUNNER_PY.name)
+            if library is not None:
+                shutil.copy2(library, tmp / name / "1" / library.name)
             copy_onnx_bundle(sources[name], bundles[name], tmp / name / "1" / "model.onnx")
             check_runs(tmp / name / "1" / "model.onnx")
         (tmp / "README.md").write_text(readme_serving(sources, batching, max_batch))
