@@ -34,6 +34,7 @@ class BenchSettings:
     prefill_shapes: tuple[tuple[int, int], ...] = ((1, 512), (1, 128), (4, 256))
     decode_prompt: int = 64
     decode_steps: int = 32
+    decode_batches: tuple[int, ...] = (1, 8)
     threads: int = 2
     warmup: int = 1
     repeats: int = 5
@@ -48,7 +49,7 @@ class BenchSettings:
 
 QUICK = dict(model=MSARConfig(d_model=64, n_blocks=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, vocab_size=256,
                               max_seq_len=4096), prefill_shapes=((1, 32),),
-             decode_prompt=8, decode_steps=4, repeats=2, compile=False, memory=False)
+             decode_prompt=8, decode_steps=4, decode_batches=(1, 2), repeats=2, compile=False, memory=False)
 
 
 def random_model(cfg: MSARConfig, seed: int = 0) -> MSARLM:
@@ -72,29 +73,49 @@ class Backend:
     onnx: str | None = None
 
 
-def ort_backends(model, kind: str, workdir: Path, threads: int, log) -> tuple[list[Backend], dict]:
+def native_available() -> bool:
+    from ..runners.ort_runner import native_library
+
+    return native_library() is not None
+
+
+def ort_backends(model, kind: str, workdir: Path, threads: int, log) -> tuple[list[Backend], dict, dict]:
+    """The ONNX Runtime rows of one kind: (prefill backends, export figures, decoders by name).
+    A file with msar nodes runs twice, on the native kernels (ort-native*) and on its function
+    bodies (ort-function*); the native rows are left out when the library is not built."""
     from ..export import ExportOptions, export_model
     from ..runtime import OrtDecoder, OrtModel
 
-    variants = {"ort-custom": ExportOptions(), "ort-decomposed": ExportOptions(decomposed=True)}
+    native = native_available()
+    files = {"custom": ExportOptions(), "decomposed": ExportOptions(decomposed=True)}
     if kind == "msar":
-        variants["ort-custom-retrieval"] = ExportOptions(mixer_op="retrieval")
+        files["retrieval"] = ExportOptions(mixer_op="retrieval")
     if kind == "standard":
-        variants = {"ort": ExportOptions(decomposed=True)}
+        files = {"decomposed": ExportOptions(decomposed=True)}
     backends, exports = [], {}
-    for name, opts in variants.items():
-        path = workdir / f"{kind}-{name}.onnx"
+    for file, opts in files.items():
+        path = workdir / f"{kind}-{file}.onnx"
         t0 = time.perf_counter()
         export_model(model, path, opts, validate=False)
-        exports[name] = {"seconds": round(time.perf_counter() - t0, 2), "mb": round(path.stat().st_size / 1e6, 2)}
-        ort = OrtModel(path, threads=threads).ort
-        backends.append(Backend(name, lambda ids, g=ort: g.logits(ids.numpy()), onnx=str(path)))
-        log(f"  exported {kind}/{name} in {exports[name]['seconds']} s")
+        exports[file] = {"seconds": round(time.perf_counter() - t0, 2), "mb": round(path.stat().st_size / 1e6, 2)}
+        log(f"  exported {kind}/{file} in {exports[file]['seconds']} s")
+        suffix = "" if file == "custom" else f"-{file}"
+        if kind == "standard":
+            runs = {"ort": None}
+        elif file == "decomposed":
+            runs = {"ort-decomposed": None}
+        else:
+            runs = {f"ort-native{suffix}": "native", f"ort-function{suffix}": "function"} if native else \
+                {f"ort-function{suffix}": "function"}
+        for name, ort_ops in runs.items():
+            ort = OrtModel(path, threads=threads, ort_ops=ort_ops).ort
+            backends.append(Backend(name, lambda ids, g=ort: g.logits(ids.numpy()), onnx=str(path)))
     dec_path = workdir / f"{kind}-decode.onnx"
     export_model(model, dec_path, ExportOptions(decode=True, decomposed=kind == "standard"), validate=False)
-    decoder = OrtDecoder(dec_path, threads=threads)
-    backends[0].decode = ("ort", decoder)
-    return backends, exports
+    decoders = {"ort": OrtDecoder(dec_path, threads=threads)}  # native kernels when built
+    if kind != "standard":
+        decoders["ort-function"] = OrtDecoder(dec_path, threads=threads, ort_ops="function")
+    return backends, exports, decoders
 
 
 def eager_decode_steps(model, prompt: torch.Tensor, steps: int):
@@ -195,7 +216,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
             log(f"== {kind}")
             model = random_model(settings.config(kind))
             ckpts[kind] = save_checkpoint(model, workdir / f"ckpt-{kind}")
-            backends, exports = ort_backends(model, kind, workdir, settings.threads, log)
+            backends, exports, decoders = ort_backends(model, kind, workdir, settings.threads, log)
             result["exports"][kind] = exports
             compiled, why = (try_compile(model, torch.zeros(settings.prefill_shapes[0], dtype=torch.long), log)
                              if settings.compile else (None, "disabled (--no-compile)"))
@@ -221,10 +242,12 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
                     result["memory"][kind] = {"eager": memory_probe("eager", str(ckpts[kind]), shape)}
                     for b in backends:
                         result["memory"][kind][b.name] = memory_probe("ort", b.onnx, shape)
-            prompt = torch.randint(0, settings.model.vocab_size, (1, settings.decode_prompt),
-                                   generator=torch.Generator().manual_seed(1))
-            decode_fns[(kind, "eager")] = eager_decode_steps(model, prompt, settings.decode_steps)
-            decode_fns[(kind, "ort")] = ort_decode_steps(backends[0].decode[1], prompt, settings.decode_steps)
+            for batch in settings.decode_batches:
+                prompt = torch.randint(0, settings.model.vocab_size, (batch, settings.decode_prompt),
+                                       generator=torch.Generator().manual_seed(1))
+                decode_fns[(kind, "eager", batch)] = eager_decode_steps(model, prompt, settings.decode_steps)
+                for name, decoder in decoders.items():
+                    decode_fns[(kind, name, batch)] = ort_decode_steps(decoder, prompt, settings.decode_steps)
         log("== timing prefill (round-robin over every backend and kind)")
         timings = interleaved({k: f for k, f in prefill_fns.items()}, settings.warmup, settings.repeats)
         for (kind, backend, shape), t in timings.items():
@@ -233,10 +256,16 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
                                       **t.as_dict(), "tokens_per_s": round(tokens / t.median_s, 1)})
         log("== timing decode steps")
         dt = interleaved(decode_fns, settings.warmup, settings.repeats)
-        for (kind, backend), t in dt.items():
-            result["decode"].append({"kind": kind, "backend": backend, "prompt": settings.decode_prompt,
+        for (kind, backend, batch), t in dt.items():
+            result["decode"].append({"kind": kind, "backend": backend, "batch": batch, "prompt": settings.decode_prompt,
                                      "steps": settings.decode_steps, **t.as_dict(),
-                                     "tokens_per_s": round(settings.decode_steps / t.median_s, 1)})
+                                     "tokens_per_s": round(batch * settings.decode_steps / t.median_s, 1)})
+        if not native_available():
+            result["skipped"]["ort-native"] = "the native msar kernels are not built (scripts/setup_env.sh)"
+        from .guard import guard_ratios
+
+        log("== guard model (tests/test_bench_guard.py compares against these)")
+        result["guard"] = guard_ratios(settings.threads)
         if settings.export_probe_params:
             result["export_probe"] = export_probe(settings.export_probe_params, workdir, log)
     result["ratios"] = ratios(result)
@@ -251,22 +280,24 @@ def _median(result, kind, backend, batch, seq):
 
 
 def ratios(result: dict) -> dict:
-    """The goal ratios of issue 6, from one run's side-by-side medians."""
+    """The goal ratios (issues 6 and 21), from one run's side-by-side medians."""
     B, T = result["settings"]["prefill_shapes"][0]
     out = {"shape": f"{B}x{T}"}
-    eager = _median(result, "msar", "eager", B, T)
-    for b in ("ort-custom", "ort-custom-retrieval", "ort-decomposed"):
-        t = _median(result, "msar", b, B, T)
-        if t and eager:
-            out[f"msar prefill speed-up {b} vs eager"] = round(eager / t, 2)
     std = _median(result, "standard", "ort", B, T)
-    for b in ("ort-custom", "ort-custom-retrieval", "ort-decomposed"):
-        t = _median(result, "msar", b, B, T)
-        if t and std:
-            out[f"msar/standard time in ORT ({b})"] = round(t / std, 2)
-    dec = {(r["kind"], r["backend"]): r["tokens_per_s"] for r in result["decode"]}
-    if ("msar", "ort") in dec:
-        out["msar decode tokens/s ORT vs eager"] = round(dec[("msar", "ort")] / dec[("msar", "eager")], 2)
+    for kind in ("msar", "attnres"):
+        eager = _median(result, kind, "eager", B, T)
+        for b in sorted({r["backend"] for r in result["prefill"] if r["kind"] == kind and r["backend"].startswith("ort")}):
+            t = _median(result, kind, b, B, T)
+            if t and std:
+                out[f"{kind}/standard prefill time in ORT ({b})"] = round(t / std, 2)
+            if t and eager:
+                out[f"{kind} prefill speed-up {b} vs eager"] = round(eager / t, 2)
+    dec = {(r["kind"], r["backend"], r.get("batch", 1)): r["tokens_per_s"] for r in result["decode"]}
+    for (kind, backend, batch), tps in sorted(dec.items()):
+        if kind != "standard" and backend.startswith("ort") and ("standard", "ort", batch) in dec:
+            out[f"standard/{kind} decode tokens/s, batch {batch} ({backend})"] = round(dec[("standard", "ort", batch)] / tps, 2)
+        if kind == "msar" and backend.startswith("ort") and (kind, "eager", batch) in dec:
+            out[f"msar decode tokens/s {backend} vs eager, batch {batch}"] = round(tps / dec[(kind, "eager", batch)], 2)
     return out
 
 
