@@ -10,6 +10,7 @@ import onnx_ir as ir
 import torch
 
 from ..export.contracts import DOMAIN, DOMAIN_VERSION, FUSED_MIXER
+from ..export.custom_paths import pack_conv_rows
 from ..export.functions import fused_mixer_function, ir_attributes
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
@@ -23,7 +24,7 @@ def fused_mixer_model(n: int, d: int, eps: float = 1e-6, opset: int = 18) -> ir.
     """A graph of one msar::FusedMixer node over n sources, with its function body."""
     m, K = len(KERNELS), sum(KERNELS[1:])
     f32 = ir.TensorType(ir.DataType.FLOAT)
-    shapes = {"query": [m, d], "gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [], "conv_weight": [n, d, K]}
+    shapes = {"query": [m, d], "gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [], "conv_weight": [n, K, d]}
     inputs = [ir.Value(name=k, type=f32, shape=ir.Shape(s)) for k, s in shapes.items()]
     inputs += [ir.Value(name=f"x{i}", type=f32, shape=ir.Shape(["B", "T", d])) for i in range(n)]
     values = FUSED_MIXER.attribute_values(stream_kernels=KERNELS, eps=eps)
@@ -57,7 +58,7 @@ def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), t
                         V = torch.stack([e(x) for e, x in zip(expansions, xs)])
                         return stream_fusion(depth_retrieval(q, V, rms_normalize(V, 1e-6)), W, b, a)
 
-                conv = torch.stack([torch.cat([c.weight[:, 0] for c in e.conv.values()], 1) for e in expansions])
+                conv = pack_conv_rows(e.conv.values() for e in expansions)
                 proto = ir.serde.serialize_model(fused_mixer_model(n, d))
                 sess = open_session(proto.SerializeToString(), providers=["cpu"], threads=threads)
                 feeds = {"query": q.numpy(), "gate_weight": W.numpy(), "gate_bias": b.numpy(),

@@ -98,7 +98,7 @@ def fused_mixer_function(n: int, values: dict, d: int, opset: int) -> ir.Functio
     stream_kernels = values["stream_kernels"]
     m = len(stream_kernels)
     X = b.Transpose(b.Cast(b.Concat(*sources, axis=2), to=FLOAT), perm=[0, 2, 1])  # (B, n*d, T)
-    conv = b.Cast(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), to=FLOAT)  # (n, d, K)
+    conv = b.Cast(b.Transpose(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), perm=[0, 2, 1]), to=FLOAT)  # (n, d, K)
     query = b.Cast(query_in, to=FLOAT)  # (m, d)
     gw = b.Cast(gw_in, to=FLOAT)  # (m, m*d)
     eps_v = b.ref_float("eps")
