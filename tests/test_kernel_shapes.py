@@ -12,7 +12,11 @@ Index arithmetic beyond 2^31 elements: plugins/tests/indexTest.cpp.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,3 +180,28 @@ def test_depth_retrieval_misaligned_views(emulated):
     got = emulated.depth_retrieval(q, views, 1e-6)
     assert K.rel_err(got, K.reference_depth_retrieval64(q, views, 1e-6)) <= 1e-5
 
+
+def test_shared_memory_opt_in_once_per_kernel_and_device(emulated):
+    """Issue 23 defect 4: cudaFuncSetAttribute (counted by the emulation) once per kernel and device, not per
+    launch: process-wide and not stream-ordered, per-launch calls let threads with different d race. A fresh
+    process, so no earlier test has opted this kernel in; the first launch must be seen (the counter works:
+    a per-launch opt-in would add as much again on every later launch)."""
+    code = f"""
+import ctypes, torch
+from msar_export import kernels as K
+lib = K.KernelLibrary({str(emulated.path)!r})
+calls = lib.lib.msarEmuFuncAttributeCalls
+calls.restype = ctypes.c_int
+inp = K.random_fused_mixer_inputs(3, 1, 1, 4096, [1, 4, 8, 12], seed=5)  # z of a token: 64 KiB of shared memory
+counts = [calls()]
+for _ in range(3):
+    lib.fused_mixer(**inp)
+    counts.append(calls())
+print(counts)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert r.returncode == 0, r.stderr
+    counts = eval(r.stdout.strip())  # noqa: S307 - our own subprocess's list of ints
+    assert counts[0] == 0 and counts[1] >= 1, counts
+    assert counts[1] == counts[2] == counts[3], counts

@@ -89,7 +89,7 @@ def test_cpp_tests_are_registered_with_ctest():
     build.configure()
     r = subprocess.run(["ctest", "--test-dir", str(build.dir), "-N"], capture_output=True, text=True, timeout=60)
     names = set(re.findall(r"Test +#\d+: (\w+)", r.stdout))
-    want = {t for t in ("logicTest", "nodeRules", "indexTest", "glueTest") if build.has_target(t)}
+    want = {t for t in ("logicTest", "nodeRules", "indexTest", "glueTest", "pluginHarness") if build.has_target(t)}
     assert {"logicTest", "nodeRules"} <= want and names == want, r.stdout
 
 
