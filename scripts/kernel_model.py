@@ -42,7 +42,9 @@ def _occupied(blocks: int, sms: int) -> float:
 
 
 def fused_us(n: int, B: int, T: int, d: int, m: int, elt: int, K: int = 24, hw=H200) -> float:
-    """FusedMixer, tile kernel (the plan takes it at every B*T where z fits shared memory); K taps per channel."""
+    """FusedMixer, the tile kernel's cost; K taps per channel. NB: fusedMixerPlan.h still switches to the warp kernel
+    above 8 tokens per SM (issue 23 defect 6, open): rows past that (T = 1,057 at B = 1) are the tile kernel's
+    estimate, not what runs today."""
     ts = 2 if elt == 2 else 1  # tokens per block the plan picks for the 4-stream bucket (fusedMixerPlan.h)
     E = n * B * T * d
     l2 = E * (K * elt / ts * 2 + TILE_WINDOW_L2)
