@@ -54,11 +54,18 @@ CORRECTNESS = [
 # DecodeRetrieval: (n, B, T, m, d)
 RETRIEVAL = [(97, 1, 1, 4, 4096), (97, 64, 1, 4, 4096), (13, 1, 1, 4, 1024), (3, 2, 5, 3, 40), (25, 4, 512, 1, 1024),
              (2, 1, 1, 4, 8192)]
-# Prefill timing, fused vs cached views: (n, stream_kernels, B, T, d)
-PREFILL = [(25, MAIN, 1, 16, 4096), (97, MAIN, 1, 16, 4096), (25, MAIN, 1, 2048, 2048), (25, MAIN, 4, 4096, 2048),
-           (97, MAIN, 1, 2048, 4096), (49, MAIN, 2, 1024, 4096), (2, MAIN, 16, 4096, 2048)]
-DECODE = [(97, B, 4, 4096) for B in (1, 4, 16, 64)] + [(25, 1, 4, 2048)]
+# Prefill timing, fused vs cached views: (n, stream_kernels, B, T, d). T = 16 splits sources, 1,024 is the plain
+# tile kernel (the B = 1 headline), 1,056 and 1,057 straddle the old tile/warp crossover (8 tokens per SM on 132
+# SMs); then the token sweep to 65,536 at n = 25, d = 2048.
+PREFILL = [(97, MAIN, 1, T, 4096) for T in (16, 1024, 1056, 1057)]
+PREFILL += [(25, MAIN, 1, T, 2048) for T in (256, 1024, 4096, 16384, 65536)]
+# Decode retrieval (n, B, m, d) in the views dtype the decode export uses (float32, docs/kernels.md).
+DECODE = [(97, B, 4, 4096) for B in (1, 4, 16, 64)]
+DECODE_DTYPE = torch.float32
 TIME_BUDGET_S = 150  # stop starting timed cases after this: gpu_check.sh keeps ~4 minutes for sanitizers and ncu
+# --dry-run: the same timing code on the CPU at shapes the emulation runs in seconds.
+DRY_PREFILL = [(3, MAIN, 1, 2, 32), (3, MAIN, 2, 3, 32)]
+DRY_DECODE = [(3, 1, 4, 32), (3, 2, 4, 32)]
 
 EMULATION_CORRECTNESS = [(1, [1], 1, 9, 32, "tile"), (3, [1, 3, 5], 2, 11, 40, "tile"), (4, MAIN, 1, 13, 64, "tile"),
                          (9, MAIN, 1, 1, 32, "split")]
@@ -98,10 +105,12 @@ def fmt_row(r: dict) -> str:
     if r["op"] == "prefill paths":
         cached = f"cached views {r['cached_ms']:8.3f} ms -> {r['faster']}" if "cached_ms" in r else "cached: too big"
         return (f"time {r['op']:<16} {r['dtype']:<8} n={r['n']:>3} B={r['B']:>3} T={r['T']:>5} d={r['d']:>5}  "
-                f"fused {r['fused_ms']:8.3f} ms ({100 * r['fused_copy_fraction']:4.1f}% of copy)  {cached}")
+                f"fused {r['fused_ms']:8.3f} ms ({r['fused_gbs']:7.1f} GB/s, {100 * r['fused_copy_fraction']:4.1f}% of "
+                f"copy, {r['fused_vs_model']:5.2f}x model)  {cached}  [{r['timer']}]")
     if r["op"] == "decode retrieval":
         return (f"time {r['op']:<16} {r['dtype']:<8} n={r['n']:>3} B={r['B']:>3} m={r['m']} d={r['d']:>5}  "
-                f"{r['us']:8.1f} us ({100 * r['copy_fraction']:4.1f}% of copy)")
+                f"{1e3 * r['retrieval_ms']:8.1f} us ({r['retrieval_gbs']:7.1f} GB/s, "
+                f"{100 * r['retrieval_copy_fraction']:4.1f}% of copy, {r['retrieval_vs_model']:5.2f}x model)  [{r['timer']}]")
     shape = f"n={r['n']:>3} B={r['B']:>3} T={r['T']:>5} d={r['d']:>5}"
     shape += f" m={r['m']}" if "m" in r else f" k={r['stream_kernels']} [{r['path']}]"
     return (f"{'ok  ' if r['ok'] else 'FAIL'} {r['op']:<14} {r['dtype']:<8} {shape:<70} "
@@ -124,10 +133,9 @@ def run_profile(lib, device):
     dt = torch.bfloat16
     for n, ks, B, T, d in [(25, MAIN, 4, 1024, 2048), (97, MAIN, 1, 16, 4096), (2, EIGHT, 1, 64, 8192)]:
         inp = random_fused_mixer_inputs(n, B, T, d, ks, dtype=dt, device=device, seed=1)
-        taps = lib.prepare_taps(inp["conv_weight"], n, ks)
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_push(f"FusedMixer n={n} B={B} T={T} d={d} m={len(ks)}")
-        lib.fused_mixer(**inp, prepared_taps=taps)
+        lib.fused_mixer(**inp)
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
     q = torch.randn(4, 4096, device=device, dtype=dt) * 0.03
@@ -144,9 +152,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="correctness only, no timing")
     ap.add_argument("--sanitize", action="store_true", help="tiny cases of every path, float32 and bfloat16")
     ap.add_argument("--profile", action="store_true", help="each kernel once at a real shape, no checks")
+    ap.add_argument("--dry-run", action="store_true", help="with --emulation: the timing and report code too, on the "
+                    "CPU at tiny shapes (host timers: proves the code, measures nothing)")
     a = ap.parse_args(argv)
     if not (a.lib or a.emulation):
         ap.error("give --lib or --emulation")
+    if a.dry_run and not a.emulation:
+        ap.error("--dry-run runs on the emulation build: give --emulation")
 
     results = []
     t_start = time.perf_counter()
@@ -154,6 +166,8 @@ def main(argv=None) -> int:
         lib, device = KernelLibrary(a.emulation), "cpu"
         env = {"device": "cpu emulation", "torch": torch.__version__}
         run_correctness(lib, device, EMULATION_CORRECTNESS, EMULATION_RETRIEVAL, DTYPES, results)
+        if a.dry_run:
+            run_timing(lib, device, env, results, t_start, dry_run=True)
     else:
         if not torch.cuda.is_available():
             print("skipped: no CUDA device")
@@ -186,16 +200,19 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def run_timing(lib, device, env, results, t_start):
+def run_timing(lib, device, env, results, t_start, dry_run: bool = False):
     from gpu_timing import copy_bandwidth_gbs, time_decode, time_prefill_paths
 
-    copy_gbs = copy_bandwidth_gbs(device)
-    env["copy_gbs"] = copy_gbs
-    print(f"# timing: CUDA events, median; device-to-device copy {copy_gbs:.0f} GB/s; fused GB/s counts sources "
-          "read once + output written; cached counts the views read once + z written")
-    jobs = [(time_prefill_paths, (*c, torch.bfloat16)) for c in PREFILL]
-    jobs += [(time_prefill_paths, (*c, torch.float32)) for c in PREFILL[:3]]
-    jobs += [(time_decode, (n, B, m, d, torch.bfloat16)) for n, B, m, d in DECODE]
+    prefill, decode = (DRY_PREFILL, DRY_DECODE) if dry_run else (PREFILL, DECODE)
+    copy_gbs, timer = copy_bandwidth_gbs(device, nbytes=(1 << 20) if dry_run else (2 << 30))
+    env["copy_gbs"], env["timer"] = copy_gbs, timer
+    results.append(dict(op="copy bandwidth", gbs=copy_gbs, timer=timer))
+    print(f"# timing: {timer}, per call; device-to-device copy {copy_gbs:.0f} GB/s (the measured HBM ceiling); "
+          "fused bytes = sources read once + output written; cached = views read once + z written; "
+          "'x model' = time / scripts/kernel_model.py's estimate")
+    jobs = [(time_prefill_paths, (*c, torch.bfloat16)) for c in prefill]
+    jobs += [(time_prefill_paths, (*c, torch.float32)) for c in prefill[:1]]
+    jobs += [(time_decode, (n, B, m, d, DECODE_DTYPE)) for n, B, m, d in decode]
     for fn, args in jobs:
         if time.perf_counter() - t_start > TIME_BUDGET_S:
             print(f"# time budget ({TIME_BUDGET_S} s) used up: skipping {fn.__name__}{args}")

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# GPU check of the msar plugin kernels, one call under 10 minutes, for a machine
-# with an NVIDIA GPU, nvcc and PyTorch (TensorRT not needed):
-#   1. builds the msar_kernels target of plugins/CMakeLists.txt for the GPU that is here
-#      (cmake + ninja + nvcc, ptxas -v kept),
-#   2. checks every launch path against float64 with msar_export/verdict.py
-#      (tile, split sources, warp kernel, scalar loads, 97-256 sources, d 8192,
-#      decode retrieval), then times FusedMixer against cached-view
-#      DepthRetrieval for prefill and the decode retrieval (scripts/gpu_check.py),
-#   3. compute-sanitizer memcheck, racecheck and synccheck on tiny cases of every path,
-#   4. one ncu pass per kernel (tile, split + merge, warp, retrieval) at real shapes,
-# and writes everything to MSAR_GPU_CHECK_DIR (default $OUT/gpu_check when $OUT is
-# set, else build/gpu_check): build.log, ptxas.txt, results.json, check.log,
-# sanitize-*.log, ncu.csv, summary.txt. Steps that would pass the budget are
-# skipped and say so. Without a GPU it prints "skipped: no CUDA device" and exits 0.
+# GPU check of the msar plugins and kernels, one call under 10 minutes, for a machine with an
+# NVIDIA GPU, nvcc and PyTorch (TensorRT itself not needed; its headers, for the harness):
+#   build     the kernels (msar_kernels) for the GPU that is here, and with TensorRT headers
+#             (TENSORRT_INCLUDE_DIR, a folder outside the repo) the plugin harness (pluginHarness)
+#   harness   the plugins driven as TensorRT drives them (plugins/tests/pluginHarness.cpp)
+#   check     every launch path against float64 (verdict.py), then timing by CUDA-graph replay:
+#             copy bandwidth, prefill paths, decode retrieval (scripts/gpu_check.py, gpu_timing.py)
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck on tiny cases of every path
+#   ncu       one pass per kernel, --clock-control none (the clocks the timing rows ran at)
+# Every stage is time-boxed and appends its line to summary.txt as it ends; a tool the device
+# does not support is "skipped", not "FAILED". Results in MSAR_GPU_CHECK_DIR (default
+# $OUT/gpu_check when $OUT is set, else build/gpu_check).
 #
-#   scripts/gpu_check.sh [--quick]          # --quick: correctness only (no timing, sanitizers, ncu)
-# Environment: PYTHON (default .venv/bin/python or python3), NVCC (default nvcc),
-#              MSAR_GPU_CHECK_BUDGET_S (default 540).
+#   scripts/gpu_check.sh [--quick]   # --quick: harness and correctness only
+#   scripts/gpu_check.sh --dry-run   # no GPU: every host-side step on the CPU emulation (the build, the
+#                                    # harness, the check, timing and report code at tiny shapes, the ncu
+#                                    # report parser); tests/test_gpu_check.py runs it
+# Environment: PYTHON (default .venv/bin/python or python3), NVCC (default nvcc), MSAR_GPU_CHECK_BUDGET_S
+# (default 540), TENSORRT_INCLUDE_DIR, MSAR_GPU_CHECK_BUILD (a configured build folder to reuse).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,16 +30,17 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # msar_export from this che
 if [ -n "${OUT:-}" ]; then DEFAULT_DIR="$OUT/gpu_check"; else DEFAULT_DIR=build/gpu_check; fi
 DIR=${MSAR_GPU_CHECK_DIR:-$DEFAULT_DIR}
 BUDGET=${MSAR_GPU_CHECK_BUDGET_S:-540}
-QUICK=0
-[ "${1:-}" = "--quick" ] && QUICK=1
+MODE=full
+case "${1:-}" in
+    --quick) MODE=quick ;;
+    --dry-run) MODE=dry ;;
+    "") ;;
+    *) echo "usage: scripts/gpu_check.sh [--quick|--dry-run]" >&2; exit 2 ;;
+esac
 
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+if [ "$MODE" != dry ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
     echo "skipped: no CUDA device"
     exit 0
-fi
-if ! command -v "$NVCC" >/dev/null 2>&1; then
-    echo "gpu_check: nvcc not found (set NVCC or put the CUDA toolkit on PATH)" >&2
-    exit 1
 fi
 mkdir -p "$DIR"
 SUMMARY="$DIR/summary.txt"
@@ -47,66 +49,88 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $((BUDGET - SECONDS)); }
 status=0
 
-# 1. Build the msar_kernels target of plugins/CMakeLists.txt for the compute capability torch reports.
-ARCH=$("$PY" -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}')")
-BUILD="$DIR/cmake"
-LIB="$BUILD/libmsar_kernels.so"
-note "# building $LIB for sm_$ARCH"
-if ! { cmake -S plugins -B "$BUILD" -G Ninja "-DCMAKE_CUDA_COMPILER=$(command -v "$NVCC")" \
-         "-DCMAKE_CUDA_ARCHITECTURES=$ARCH-real" -DMSAR_PTXAS_VERBOSE=ON -DTENSORRT_INCLUDE_DIR= \
-       && cmake --build "$BUILD" --target msar_kernels; } >"$DIR/build.log" 2>&1; then
-    note "FAILED: build (see $DIR/build.log)"
-    exit 1
+# stage NAME SECONDS CMD...: run CMD time-boxed into NAME.log, one summary line. Exit 124: over its time box.
+# A log saying the device or tool is unsupported makes the stage "skipped", not "FAILED".
+stage() {
+    local name=$1 box=$2
+    shift 2
+    if [ "$(left)" -lt 20 ]; then note "skipped: $name (budget: $(left) s left)"; return 0; fi
+    [ "$box" -gt $(($(left) - 10)) ] && box=$(($(left) - 10))
+    local t0=$SECONDS
+    timeout "$box" "$@" >"$DIR/$name.log" 2>&1
+    local rc=$?
+    if [ "$rc" -ne 0 ] && grep -qiE "not supported|unsupported (device|gpu|architecture)|ERR_NVGPUCTRPERM" "$DIR/$name.log"; then
+        note "skipped: $name (the device or tool does not support it: $(grep -iE -m1 'not supported|unsupported|ERR_NVGPU' "$DIR/$name.log"))"
+    elif [ "$rc" -eq 124 ]; then
+        note "FAILED: $name (over its ${box} s time box; see $name.log)"; status=1
+    elif [ "$rc" -ne 0 ]; then
+        note "FAILED: $name (exit $rc; see $name.log)"; status=1
+    else
+        note "ok: $name ($((SECONDS - t0)) s)"
+    fi
+    return $rc
+}
+
+# 1. Build through plugins/CMakeLists.txt.
+BUILD=${MSAR_GPU_CHECK_BUILD:-$DIR/cmake}
+if [ "$MODE" = dry ]; then
+    cfg=(-DMSAR_CUDA=OFF)
+    LIBTARGET=msar_emulation; LIB="$BUILD/tests/libmsar_emulation.so"; CHECK_LIB=(--emulation "$LIB" --dry-run)
+else
+    ARCH=$("$PY" -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}')")
+    cfg=("-DCMAKE_CUDA_COMPILER=$(command -v "$NVCC")" "-DCMAKE_CUDA_ARCHITECTURES=$ARCH-real" -DMSAR_PTXAS_VERBOSE=ON)
+    LIBTARGET=msar_kernels; LIB="$BUILD/libmsar_kernels.so"; CHECK_LIB=(--lib "$LIB")
 fi
+HARNESS="$BUILD/tests/pluginHarness"
+targets=("$LIBTARGET")
+if [ -n "${TENSORRT_INCLUDE_DIR:-}" ] && [ -f "$TENSORRT_INCLUDE_DIR/NvInferRuntime.h" ]; then
+    targets+=(pluginHarness)
+else
+    HARNESS=""
+fi
+note "# $MODE check: building ${targets[*]} in $BUILD"
+# shellcheck disable=SC2016 # expanded by the inner shell
+stage build 360 bash -c 'b=$1 t=$2; shift 2
+    [ -f "$b/build.ninja" ] || cmake -S plugins -B "$b" -G Ninja -DMSAR_WERROR=ON "-DTENSORRT_INCLUDE_DIR=${TENSORRT_INCLUDE_DIR:-}" "$@" || exit 1
+    cmake --build "$b" --target $t' _ "$BUILD" "${targets[*]}" "${cfg[@]}" || { note "# gpu_check: exit 1 after ${SECONDS} s (build failed)"; exit 1; }
 grep -E "ptxas|registers|spill|bytes stack" "$DIR/build.log" >"$DIR/ptxas.txt"
-note "# built in ${SECONDS} s; registers and spills per kernel: $DIR/ptxas.txt"
 
-# 2. Correctness against float64, then timing (the script stops starting timed cases at its own budget).
+# 2. The plugin harness (the device build, or the emulation's in a dry run).
+if [ -n "$HARNESS" ]; then
+    stage harness 120 "$HARNESS"
+else
+    note "skipped: harness (no TensorRT headers: set TENSORRT_INCLUDE_DIR to a TensorRT include/ folder)"
+fi
+
+# 3. Correctness against float64, then timing (the script stops starting timed cases at its own budget).
 extra=()
-[ "$QUICK" = 1 ] && extra=(--quick)
-"$PY" scripts/gpu_check.py --lib "$LIB" --out "$DIR/results.json" ${extra[@]+"${extra[@]}"} 2>&1 | tee "$DIR/check.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -ne 0 ] && status=1
+[ "$MODE" = quick ] && extra=(--quick)
+stage check 300 "$PY" scripts/gpu_check.py "${CHECK_LIB[@]}" --out "$DIR/results.json" ${extra[@]+"${extra[@]}"}
 grep -E "^(FAIL|time|#)" "$DIR/check.log" >>"$SUMMARY"
-[ "$QUICK" = 1 ] && exit $status
+if [ "$MODE" = quick ]; then note "# gpu_check: exit $status after ${SECONDS} s"; exit $status; fi
 
-# 3. compute-sanitizer on the tiny cases of every path.
+# 4. compute-sanitizer on the tiny cases of every path.
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 for tool in memcheck racecheck synccheck; do
-    if [ -z "$SAN" ]; then note "skipped: compute-sanitizer $tool (not found)"; continue; fi
-    if [ "$(left)" -lt 90 ]; then note "skipped: compute-sanitizer $tool (budget: $(left) s left)"; continue; fi
-    timeout $(( $(left) - 60 < 120 ? $(left) - 60 : 120 )) "$SAN" --tool "$tool" --error-exitcode 9 \
-        "$PY" scripts/gpu_check.py --lib "$LIB" --sanitize --out "$DIR/sanitize-$tool.json" >"$DIR/sanitize-$tool.log" 2>&1
-    rc=$?
-    [ "$rc" -ne 0 ] && status=1
-    note "compute-sanitizer $tool: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$DIR/sanitize-$tool.log" | tail -n 1)"
+    if [ "$MODE" = dry ]; then note "skipped: sanitize-$tool (dry run: no device)"; continue; fi
+    if [ -z "$SAN" ]; then note "skipped: sanitize-$tool (compute-sanitizer not found)"; continue; fi
+    stage "sanitize-$tool" 120 "$SAN" --tool "$tool" --error-exitcode 9 \
+        "$PY" scripts/gpu_check.py --lib "$LIB" --sanitize --out "$DIR/sanitize-$tool.json"
 done
 
-# 4. One ncu pass per kernel launch of the profile run (transposeTaps excluded).
+# 5. One ncu pass per kernel launch of the profile run, at the clocks the timing ran at.
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
-if [ -z "$NCU" ]; then
+if [ "$MODE" = dry ]; then
+    note "skipped: ncu (dry run: no device)"
+    : >"$DIR/ncu.csv"
+elif [ -z "$NCU" ]; then
     note "skipped: ncu (not found)"
-elif [ "$(left)" -lt 45 ]; then
-    note "skipped: ncu (budget: $(left) s left)"
 else
-    timeout $(( $(left) - 10 )) "$NCU" --target-processes all -k 'regex:tileMixerKernel|mergeKernel|warpMixerKernel|depthRetrievalKernel' \
+    stage ncu 150 "$NCU" --clock-control none --target-processes all --csv --page details \
+        -k 'regex:tileMixerKernel|mergeKernel|warpMixerKernel|depthRetrievalKernel' \
         --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
-        --csv --page details "$PY" scripts/gpu_check.py --lib "$LIB" --profile >"$DIR/ncu.csv" 2>"$DIR/ncu.log"
-    rc=$?
-    [ "$rc" -ne 0 ] && status=1
-    note "ncu: exit $rc, $(grep -c 'Duration' "$DIR/ncu.csv") kernel durations in $DIR/ncu.csv"
-    "$PY" - "$DIR/ncu.csv" >>"$SUMMARY" <<'PYEOF'
-import csv, sys
-keep = {"Duration", "Memory Throughput", "DRAM Throughput", "Compute (SM) Throughput", "Registers Per Thread",
-        "Achieved Occupancy", "Grid Size", "Block Size"}
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 14]
-if rows and "Kernel Name" in rows[0]:
-    h = rows[0]
-    k, name, unit, value = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Unit"), h.index("Metric Value")
-    for r in rows[1:]:
-        if r[name] in keep:
-            print(f"ncu {r[k][:60]:<60} {r[name]:<26} {r[value]} {r[unit]}")
-PYEOF
+        --log-file "$DIR/ncu.csv" "$PY" scripts/gpu_check.py --lib "$LIB" --profile
 fi
+[ -f "$DIR/ncu.csv" ] && { "$PY" scripts/ncu_summary.py "$DIR/ncu.csv" >>"$SUMMARY" || { note "FAILED: ncu report"; status=1; }; }
 note "# gpu_check: exit $status after ${SECONDS} s; results in $DIR"
 exit $status

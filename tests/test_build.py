@@ -38,7 +38,7 @@ def tiny_onnx(path: Path, custom: bool = True, dtype: str = "float32") -> Path:
     mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "past + seq"])
     h = helper.make_tensor_value_info("h", TensorProto.FLOAT, ["batch", "seq", d])
     inits = [helper.make_tensor(name, TensorProto.FLOAT, dims, [0.0] * math.prod(dims))
-             for name, dims in (("q", [2, d]), ("gw", [2, 2 * d]), ("gb", [2]), ("gs", []), ("cw", [3, d, 3]))]
+             for name, dims in (("q", [2, d]), ("gw", [2, 2 * d]), ("gb", [2]), ("gs", []), ("cw", [3, 3, d]))]
     functions = []
     if custom:
         node = helper.make_node("FusedMixer", ["q", "gw", "gb", "gs", "cw", "x", "x"], ["h"], domain="msar",

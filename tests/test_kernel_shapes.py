@@ -4,8 +4,7 @@ fp32 within 1e-5, fp16/bf16 within 1e-2.
 
 Paths (plugins/msarFusedMixerPlugin/fusedMixerPlan.h): the tile kernel with
 vector or scalar loads and 1, 2 or 4 tokens per block, split over source
-ranges with a log-sum-exp merge when B*T is small (not when the workspace has
-room for the taps only), and the warp kernel for many tokens per SM or m*d
+ranges with a log-sum-exp merge when B*T is small (not without a workspace), and the warp kernel for many tokens per SM or m*d
 too large for shared memory. The emulated GPU has 132 SMs unless
 MSAR_EMU_SM_COUNT says otherwise (1 SM: more than 8 tokens take the warp kernel).
 Index arithmetic beyond 2^31 elements: plugins/tests/indexTest.cpp.
@@ -13,7 +12,11 @@ Index arithmetic beyond 2^31 elements: plugins/tests/indexTest.cpp.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,10 +34,8 @@ def emulated():
 
 
 def unsplit(lib, inp) -> torch.Tensor:
-    """The mixer with a workspace of the taps alone: no room for split partials, one block walks every source."""
-    n, d = len(inp["sources"]), inp["sources"][0].shape[-1]
-    ws = torch.empty(max(lib.fused_mixer_taps_size(n, d, inp["stream_kernels"]), 1), dtype=torch.uint8)
-    return lib.fused_mixer(**inp, workspace=ws)
+    """The mixer with no workspace: no room for split partials, one block walks every source."""
+    return lib.fused_mixer(**inp, workspace=torch.empty(0, dtype=torch.uint8))
 
 
 def mixer_error(lib, inp, split: bool = True) -> float:
@@ -98,7 +99,7 @@ def test_split_path_catches_a_wrong_tap(emulated):
     got = emulated.fused_mixer(**inp)
     assert K.rel_err(got, K.reference_fused_mixer64(**inp)) <= 1e-5
     wrong = dict(inp, conv_weight=inp["conv_weight"].clone())
-    wrong["conv_weight"][40, :, 3] *= 1.02
+    wrong["conv_weight"][40, 3, :] *= 1.02
     assert K.rel_err(got, K.reference_fused_mixer64(**wrong)) > 1e-5
 
 
@@ -178,3 +179,29 @@ def test_depth_retrieval_misaligned_views(emulated):
     views = [misaligned(v) for v in views]
     got = emulated.depth_retrieval(q, views, 1e-6)
     assert K.rel_err(got, K.reference_depth_retrieval64(q, views, 1e-6)) <= 1e-5
+
+
+def test_shared_memory_opt_in_once_per_kernel_and_device(emulated):
+    """Issue 23 defect 4: cudaFuncSetAttribute (counted by the emulation) once per kernel and device, not per
+    launch: process-wide and not stream-ordered, per-launch calls let threads with different d race. A fresh
+    process, so no earlier test has opted this kernel in; the first launch must be seen (the counter works:
+    a per-launch opt-in would add as much again on every later launch)."""
+    code = f"""
+import ctypes, torch
+from msar_export import kernels as K
+lib = K.KernelLibrary({str(emulated.path)!r})
+calls = lib.lib.msarEmuFuncAttributeCalls
+calls.restype = ctypes.c_int
+inp = K.random_fused_mixer_inputs(3, 1, 1, 4096, [1, 4, 8, 12], seed=5)  # z of a token: 64 KiB of shared memory
+counts = [calls()]
+for _ in range(3):
+    lib.fused_mixer(**inp)
+    counts.append(calls())
+print(counts)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert r.returncode == 0, r.stderr
+    counts = eval(r.stdout.strip())  # noqa: S307 - our own subprocess's list of ints
+    assert counts[0] == 0 and counts[1] >= 1, counts
+    assert counts[1] == counts[2] == counts[3], counts

@@ -34,7 +34,7 @@ def mixer_inputs(n, kernels, B, T, d, seed, conv_rows=None):
     m, Kt = len(kernels), sum(kernels[1:])
     return dict(query=torch.randn(m, d, generator=g), gate_weight=torch.randn(m, m * d, generator=g) / d**0.5,
                 gate_bias=torch.randn(m, generator=g), gate_scale=torch.tensor(1.0 + torch.rand((), generator=g).item()),
-                conv_weight=0.5 * torch.randn(conv_rows or n, d, Kt, generator=g),
+                conv_weight=0.5 * torch.randn(conv_rows or n, Kt, d, generator=g),
                 sources=[torch.randn(B, T, d, generator=g) for _ in range(n)])
 
 

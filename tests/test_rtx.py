@@ -163,7 +163,7 @@ def test_rule_checker_refuses_mixed_types_and_bad_shapes(node_rules):
         "DepthRetrieval;f eps=1e-06;t float16 3x40;t float32 -1x-1x3x40",
         "DepthRetrieval;f eps=1e-06;t float32 3x40;t float32 -1x-1x3x41",
         "FusedMixer;i stream_kernels=1,3,5;f eps=1e-06;i width=4;t float32 3x40;t float32 3x120;t float32 3;"
-        "t float32 scalar;t float32 5x40x8;t float32 -1x-1x40",
+        "t float32 scalar;t float32 5x8x40;t float32 -1x-1x40",
     ])
     assert out[0] == "error DepthRetrieval: all inputs must share one data type (input 1 is float32, input 0 is float16)"
     assert out[1].startswith("error DepthRetrieval:") and "views_0" in out[1]

@@ -57,8 +57,8 @@ def _fault_file(path, out, source: int):
     (the packed FusedMixer bank, or the per-source conv weight of a decode graph)."""
     model = ir.load(path)
     inits = model.graph.initializers
-    if "conv_bank" in inits:  # (L+1, d, K); kernel 3 is taps 0..2
-        name, rows = "conv_bank", (source, slice(None), slice(0, 3))
+    if "conv_bank" in inits:  # (L+1, K, d); kernel 3 is taps 0..2
+        name, rows = "conv_bank", (source, slice(0, 3), slice(None))
     else:
         name, rows = f"model.sources.{source}.conv.1.weight", (slice(None),)
     value = inits[name].const_value.numpy().copy()

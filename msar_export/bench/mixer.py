@@ -10,6 +10,7 @@ import onnx_ir as ir
 import torch
 
 from ..export.contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER
+from ..export.custom_paths import pack_conv_rows
 from ..export.functions import depth_retrieval_function, fused_mixer_function, ir_attributes
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
@@ -37,7 +38,7 @@ def fused_mixer_model(n: int, d: int, eps: float = 1e-6, opset: int = 18, kernel
     gate_scale, conv_weight with conv_rows >= n rows, x0..x{n-1}; output h), with its function body."""
     m, K = len(kernels), sum(kernels[1:])
     fixed = {"query": [m, d], "gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [],
-             "conv_weight": [conv_rows or n, d, K]}
+             "conv_weight": [conv_rows or n, K, d]}
     values = FUSED_MIXER.attribute_values(stream_kernels=kernels, eps=eps)
     return _one_node_model(FUSED_MIXER, n, fixed, ["B", "T", d], values, fused_mixer_function(n, values, d, opset),
                            dtype, opset)
@@ -73,7 +74,7 @@ def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), t
                         V = torch.stack([e(x) for e, x in zip(expansions, xs)])
                         return stream_fusion(depth_retrieval(q, V, rms_normalize(V, 1e-6)), W, b, a)
 
-                conv = torch.stack([torch.cat([c.weight[:, 0] for c in e.conv.values()], 1) for e in expansions])
+                conv = pack_conv_rows(e.conv.values() for e in expansions)
                 proto = ir.serde.serialize_model(fused_mixer_model(n, d))
                 sess = open_session(proto.SerializeToString(), providers=["cpu"], threads=threads)
                 feeds = {"query": q.numpy(), "gate_weight": W.numpy(), "gate_bias": b.numpy(),

@@ -108,9 +108,11 @@ FUSED_MIXER = OpContract(
         Port("gate_weight", "[m, m*d]", "T", "fusion projection W_l in nn.Linear layout"),
         Port("gate_bias", "[m]", "T", "fusion bias b_l"),
         Port("gate_scale", "[]", "T", "fusion scalar a_l"),
-        Port("conv_weight", "[N, d, K]", "T",
-             "taps of every source, N >= n; row i holds source i's streams r=1..m-1 back to back, "
-             "each in Conv1d order (index j multiplies token t-(k_r-1-j)); K = sum(stream_kernels[1:])"),
+        Port("conv_weight", "[N, K, d]", "T",
+             "taps of every source in the layout the kernels read, channels last, N >= n: "
+             "conv_weight[i, o_r + j, c] is tap j of stream r (r = 1..m-1) for channel c of source i, "
+             "o_r = sum(stream_kernels[1:r]), in Conv1d order (tap j multiplies token t-(k_r-1-j)); "
+             "K = sum(stream_kernels[1:])"),
         Port("sources", "[B, T, d]", "T", "x_0 .. x_{n-1}, n >= 1 (variadic)", variadic=True),
     ),
     outputs=(Port("h", "[B, T, d]", "T", "the mixer output h_l"),),

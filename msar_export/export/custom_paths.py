@@ -12,13 +12,17 @@ from ..model.lm import DepthPath, EagerDepthPath
 from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER
 
 
+def pack_conv_rows(convs_per_source) -> torch.Tensor:
+    """(N, K, d), the FusedMixer contract's conv_weight: row i = source i's depthwise Conv1d taps for
+    streams 1..m-1 back to back along K (Conv1d order), channels last. Channels last because it is what
+    the kernels read (a warp's tap loads walk d): the bank is an initializer in that layout, so nothing
+    is transposed or allocated at run time (issue 23 defect 3)."""
+    return torch.stack([torch.cat([c.weight[:, 0, :] for c in convs], dim=1).t() for convs in convs_per_source])
+
+
 def pack_conv_weights(model) -> torch.Tensor:
-    """(L+1, d, K): row i = source i's conv taps for streams 1..m-1, back to back (Conv1d order)."""
-    rows = []
-    for i in range(model.cfg.n_sublayers + 1):
-        convs = model.sources[str(i)].conv.values()
-        rows.append(torch.cat([c.weight[:, 0, :] for c in convs], dim=1))
-    return torch.stack(rows)
+    """(L+1, K, d): the conv bank of every source of `model` (pack_conv_rows)."""
+    return pack_conv_rows(model.sources[str(i)].conv.values() for i in range(model.cfg.n_sublayers + 1))
 
 
 def depth_retrieval_op(query: torch.Tensor, views: list[torch.Tensor], cfg) -> torch.Tensor:

@@ -101,7 +101,8 @@ def fused_mixer_function(n: int, values: dict, d: int, opset: int) -> ir.Functio
     stream_kernels = values["stream_kernels"]
     m = len(stream_kernels)
     X = b.Cast(b.Concat(*sources, axis=2), to=FLOAT)  # (B, T, n*d)
-    conv = b.Cast(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), to=FLOAT)  # (n, d, K)
+    # conv_weight is [N, K, d] (the kernels' layout); Conv wants each channel's taps together
+    conv = b.Cast(b.Transpose(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), perm=[0, 2, 1]), to=FLOAT)  # (n, d, K)
     query = b.Cast(query_in, to=FLOAT)  # (m, d)
     eps_v = b.ref_float("eps")
     by_source = b.ints([0, 0, n, d])  # (B, T, n*d) -> (B, T, n, d)

@@ -72,7 +72,6 @@ class FusedMixerArgs(ctypes.Structure):
         ("out", c_void_p),
         ("workspace", c_void_p),
         ("workspace_size", c_size_t),
-        ("prepared_taps", c_void_p),
     ]
 
 
@@ -118,11 +117,6 @@ class KernelLibrary:
         self.lib.msarFusedMixerForward.restype = c_int32
         self.lib.msarFusedMixerWorkspaceSize.argtypes = [c_int32, c_int64, POINTER(c_int32), c_int32]
         self.lib.msarFusedMixerWorkspaceSize.restype = c_size_t
-        self.lib.msarFusedMixerTapsSize.argtypes = [c_int32, c_int64, POINTER(c_int32), c_int32]
-        self.lib.msarFusedMixerTapsSize.restype = c_size_t
-        self.lib.msarFusedMixerPrepareTaps.argtypes = [c_int32, c_void_p, c_int32, c_int64, POINTER(c_int32), c_int32,
-                                                       c_void_p, c_size_t, c_void_p]
-        self.lib.msarFusedMixerPrepareTaps.restype = c_int32
         self.lib.msarDepthRetrievalForward.argtypes = [c_int32, POINTER(DepthRetrievalArgs), c_void_p]
         self.lib.msarDepthRetrievalForward.restype = c_int32
 
@@ -130,30 +124,12 @@ class KernelLibrary:
         ks = (c_int32 * len(stream_kernels))(*stream_kernels)
         return int(self.lib.msarFusedMixerWorkspaceSize(n_sources, d, ks, len(stream_kernels)))
 
-    def fused_mixer_taps_size(self, n_sources: int, d: int, stream_kernels) -> int:
-        ks = (c_int32 * len(stream_kernels))(*stream_kernels)
-        return int(self.lib.msarFusedMixerTapsSize(n_sources, d, ks, len(stream_kernels)))
-
-    def prepare_taps(self, conv_weight: torch.Tensor, n_sources: int, stream_kernels) -> torch.Tensor:
-        """conv_weight [N, d, K] -> the kernel's taps [n][K][d] in its dtype (msarFusedMixerPrepareTaps), made once
-        and passed to fused_mixer(prepared_taps=...) so no call transposes them again."""
-        d = conv_weight.shape[1]
-        need = self.fused_mixer_taps_size(n_sources, d, stream_kernels)
-        taps = torch.empty(max(need, 1), dtype=torch.uint8, device=conv_weight.device)
-        ks = (c_int32 * len(stream_kernels))(*[int(k) for k in stream_kernels])
-        status = self.lib.msarFusedMixerPrepareTaps(DTYPE_CODES[conv_weight.dtype], conv_weight.data_ptr(), n_sources,
-                                                    d, ks, len(stream_kernels), taps.data_ptr(), taps.numel(),
-                                                    _stream_handle(conv_weight))
-        if status:
-            raise RuntimeError(f"msarFusedMixerPrepareTaps failed: {status_text(status)}")
-        return taps
-
     def fused_mixer(self, query, gate_weight, gate_bias, gate_scale, conv_weight, sources, out=None, workspace=None,
-                    prepared_taps=None, **attrs) -> torch.Tensor:
+                    **attrs) -> torch.Tensor:
         """h (B, T, d) = FusedMixer(...) on the tensors' device (CUDA build) or the CPU (emulation build).
         `attrs`: the op's attributes by contract name (stream_kernels required, the rest default).
-        Enqueues on the current CUDA stream and does not synchronise. prepared_taps: from prepare_taps
-        (then the taps are not transposed again and no workspace is used)."""
+        conv_weight [N, K, d] as exported. workspace: split-source scratch (default: the full size; an empty
+        tensor runs unsplit). Enqueues on the current CUDA stream and does not synchronise."""
         named = {"query": query, "gate_weight": gate_weight, "gate_bias": gate_bias, "gate_scale": gate_scale,
                  "conv_weight": conv_weight}
         named.update({f"sources_{i}": s for i, s in enumerate(sources)})
@@ -169,8 +145,8 @@ class KernelLibrary:
             query=query.data_ptr(), gate_weight=gate_weight.data_ptr(), gate_bias=gate_bias.data_ptr(),
             gate_scale=gate_scale.data_ptr(), conv_weight=conv_weight.data_ptr() if conv_weight.numel() else None,
             sources=ptrs, n_sources=len(sources), batch=B, seq=T, d=d, conv_rows=conv_weight.shape[0],
-            out=out.data_ptr(), workspace=workspace.data_ptr(), workspace_size=workspace.numel(),
-            prepared_taps=None if prepared_taps is None else prepared_taps.data_ptr())
+            out=out.data_ptr(), workspace=workspace.data_ptr() if workspace.numel() else None,
+            workspace_size=workspace.numel())
         keep = _set_attrs(args, FUSED_MIXER, attrs)  # noqa: F841 - the arrays the kernel reads
         status = self.lib.msarFusedMixerForward(DTYPE_CODES[x0.dtype], ctypes.byref(args), _stream_handle(x0))
         if status:

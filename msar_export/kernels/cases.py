@@ -21,7 +21,8 @@ def random_fused_mixer_inputs(n: int, B: int, T: int, d: int, stream_kernels, dt
         gate_weight=rnd(m, m * d, scale=1.0 / (m * d) ** 0.5),
         gate_bias=rnd(m, scale=0.5),
         gate_scale=(1.0 + torch.rand((), generator=g)).to(dtype=dtype, device=device),
-        conv_weight=rnd(n + extra_rows, d, K, scale=0.5),
+        # drawn [N, d, K] and laid out [N, K, d]: the same taps per (source, channel) as before issue 23
+        conv_weight=rnd(n + extra_rows, d, K, scale=0.5).transpose(1, 2).contiguous(),
         sources=[rnd(B, T, d) for _ in range(n)],
         stream_kernels=list(stream_kernels),
         eps=1e-6,

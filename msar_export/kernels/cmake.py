@@ -21,7 +21,7 @@ from pathlib import Path
 
 SOURCES_ENV = "MSAR_PLUGIN_SOURCES"
 CACHE_ENV = "MSAR_BUILD_CACHE"
-_SOURCE_SUFFIXES = {".h", ".cuh", ".cu", ".cpp", ".txt"}
+_SOURCE_SUFFIXES = {".h", ".cuh", ".cu", ".cpp", ".txt", ".map"}
 
 
 class BuildError(RuntimeError):

@@ -7,10 +7,10 @@ import torch.nn.functional as F
 
 
 def split_conv_weight(conv_weight: torch.Tensor, i: int, stream_kernels) -> list[torch.Tensor]:
-    """Row i of conv_weight [N, d, K] -> Conv1d weights [d, 1, k] for streams 1..m-1."""
+    """Row i of conv_weight [N, K, d] -> Conv1d weights [d, 1, k] for streams 1..m-1."""
     out, off = [], 0
     for k in stream_kernels[1:]:
-        out.append(conv_weight[i, :, off:off + k].unsqueeze(1))
+        out.append(conv_weight[i, off:off + k, :].t().unsqueeze(1))
         off += k
     return out
 

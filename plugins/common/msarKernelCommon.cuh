@@ -11,6 +11,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <mutex>
+#include <set>
+#include <utility>
+
 #include "msarKernelTypes.h"
 
 namespace msar
@@ -261,9 +265,14 @@ inline int deviceAttribute(cudaDeviceAttr attr, int fallback)
 {
     return ::msar_emu::deviceAttribute(attr, fallback);
 }
-template <typename K>
-inline int32_t allowDynamicShared(K, size_t)
+inline int currentDevice()
 {
+    return 0;
+}
+template <typename K>
+inline int32_t setMaxDynamicShared(K, int)
+{
+    ++::msar_emu::gFuncAttributeCalls; // counted: tests check it happens once per kernel and device
     return MSAR_STATUS_OK;
 }
 #else
@@ -283,7 +292,25 @@ inline int deviceAttribute(cudaDeviceAttr attr, int fallback)
     }
     return value;
 }
-//! Above 48 KiB of dynamic shared memory a kernel must opt in, once per size.
+inline int currentDevice()
+{
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess ? dev : -1;
+}
+template <typename K>
+inline int32_t setMaxDynamicShared(K kernel, int bytes)
+{
+    return cudaStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+#endif
+
+/*!
+ * Above 48 KiB of dynamic shared memory a kernel must opt in. cudaFuncSetAttribute is process-wide and not
+ * stream-ordered, so it is done once per kernel and device, under a lock, to the device's whole opt-in limit:
+ * set per launch to the launch's size, two threads with different d could lower the limit under each other's
+ * launch ("too much shared memory"), and a call during CUDA-graph capture is avoidable work. Launches of up to
+ * the limit then need nothing more; over it they are refused here.
+ */
 template <typename K>
 inline int32_t allowDynamicShared(K kernel, size_t bytes)
 {
@@ -291,9 +318,26 @@ inline int32_t allowDynamicShared(K kernel, size_t bytes)
     {
         return MSAR_STATUS_OK;
     }
-    return cudaStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    int const limit = deviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
+    if (bytes > static_cast<size_t>(limit))
+    {
+        return MSAR_STATUS_UNSUPPORTED;
+    }
+    static std::mutex lock;
+    static std::set<std::pair<void const*, int>> done; // (kernel, device) pairs already opted in
+    std::pair<void const*, int> const key{reinterpret_cast<void const*>(kernel), currentDevice()};
+    std::lock_guard<std::mutex> guard(lock);
+    if (done.count(key) != 0)
+    {
+        return MSAR_STATUS_OK;
+    }
+    int32_t const st = setMaxDynamicShared(kernel, limit);
+    if (st == MSAR_STATUS_OK)
+    {
+        done.insert(key);
+    }
+    return st;
 }
-#endif
 
 } // namespace kernels
 } // namespace msar

@@ -24,22 +24,6 @@ namespace kernels
 namespace
 {
 
-//! conv_weight [N, d, K] -> taps [n][K][d], both T, so that a warp's tap loads are coalesced.
-template <typename T>
-__global__ void transposeTapsKernel(T const* __restrict__ w, T* __restrict__ taps, int64_t n, int64_t d, int64_t K)
-{
-    int64_t const total = n * K * d;
-    for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-         idx += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    {
-        int64_t const c = idx % d;
-        int64_t const rest = idx / d;
-        int64_t const k = rest % K;
-        int64_t const i = rest / K;
-        taps[idx] = w[(i * d + c) * K + k];
-    }
-}
-
 template <typename T, int MB, int TS, int V>
 int32_t launchTileTs(MixerParams<T> p, SourceTable const& src, MixerPlan const& pl, cudaStream_t stream)
 {
@@ -109,34 +93,6 @@ int32_t launchMixer(MixerParams<T> const& p, SourceTable const& src, MixerPlan c
 
 } // namespace
 
-//! conv_weight [N, d, K] -> taps [n][K][d] on `stream`.
-template <typename T>
-int32_t prepareTaps(void const* convWeight, int32_t n, int64_t d, int64_t K, void* taps, cudaStream_t stream)
-{
-    int64_t const total = static_cast<int64_t>(n) * K * d;
-    int64_t const threads = 256;
-    int64_t blocks = (total + threads - 1) / threads;
-    blocks = blocks > 4096 ? 4096 : blocks;
-    auto kernel = transposeTapsKernel<T>;
-    MSAR_LAUNCH(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream)(
-        static_cast<T const*>(convWeight), static_cast<T*>(taps), static_cast<int64_t>(n), d, K);
-    return launchStatus();
-}
-
-namespace
-{
-
-int64_t tapCount(int32_t const* ks, int32_t m)
-{
-    int64_t K = 0;
-    for (int32_t r = 1; r < m; ++r)
-    {
-        K += ks[r];
-    }
-    return K;
-}
-
-} // namespace
 } // namespace kernels
 
 template <typename T>
@@ -188,9 +144,8 @@ int32_t fusedMixerForward(MsarFusedMixerArgs const& a, cudaStream_t stream)
         }
         src.ptr[i] = a.sources[i];
     }
-    bool const prepared = a.prepared_taps != nullptr;
-    size_t const need = prepared ? 0 : msarFusedMixerTapsSize(n, a.d, a.stream_kernels, m);
-    if (need > 0 && (a.workspace == nullptr || a.workspace_size < need))
+    if (a.workspace_size > 0
+        && (a.workspace == nullptr || a.workspace_size < msarFusedMixerWorkspaceSize(n, a.d, a.stream_kernels, m)))
     {
         return MSAR_STATUS_WORKSPACE_TOO_SMALL;
     }
@@ -198,7 +153,7 @@ int32_t fusedMixerForward(MsarFusedMixerArgs const& a, cudaStream_t stream)
     p.gateW = static_cast<T const*>(a.gate_weight);
     p.gateB = static_cast<T const*>(a.gate_bias);
     p.gateScale = static_cast<T const*>(a.gate_scale);
-    p.taps = static_cast<T const*>(prepared ? a.prepared_taps : a.workspace);
+    p.taps = static_cast<T const*>(a.conv_weight); // [N][K][d]: the first n rows are the kernel's [n][K][d]
     p.out = static_cast<T*>(a.out);
     p.seq = a.seq;
     p.d = a.d;
@@ -206,19 +161,11 @@ int32_t fusedMixerForward(MsarFusedMixerArgs const& a, cudaStream_t stream)
     p.m = m;
     p.eps = a.eps;
 
-    if (p.K > 0 && !prepared)
-    {
-        int32_t const st = kernels::prepareTaps<T>(a.conv_weight, n, a.d, p.K, a.workspace, stream);
-        if (st != MSAR_STATUS_OK)
-        {
-            return st;
-        }
-    }
-    // The split-source scratch follows the taps' place in the workspace, used or not.
-    size_t const tapsPart = tapsBytes(n, p.K, a.d);
-    size_t const splitBytes = a.workspace != nullptr && a.workspace_size > tapsPart ? a.workspace_size - tapsPart : 0;
-    p.partial = splitBytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + tapsPart) : nullptr;
-    void const* vecPtrs[] = {a.query, a.gate_weight, a.out, p.taps};
+    size_t const splitBytes = a.workspace_size;
+    p.partial = splitBytes > 0 ? static_cast<float*>(a.workspace) : nullptr;
+    // conv_weight (K = 0: nothing to load) aligned for the vector loads, and d a multiple of the vector: then
+    // every source row's taps are aligned too.
+    void const* vecPtrs[] = {a.query, a.gate_weight, a.out, p.K > 0 ? p.taps : a.out};
     bool const aligned = alignedTo(vecPtrs, 4, 16) && alignedTo(a.sources, n, 16);
     MixerPlan const pl = planMixer(static_cast<int>(sizeof(T)), aligned, a.batch, a.seq, a.d, m, n,
         deviceAttribute(cudaDevAttrMultiProcessorCount, 132),
@@ -247,44 +194,7 @@ extern "C" size_t msarFusedMixerWorkspaceSize(
     {
         return 0;
     }
-    return msarFusedMixerTapsSize(n_sources, d, stream_kernels, n_streams)
-        + msar::kernels::splitRegionBytes(n_streams, d);
-}
-
-extern "C" size_t msarFusedMixerTapsSize(int32_t n_sources, int64_t d, int32_t const* stream_kernels, int32_t n_streams)
-{
-    if (n_sources < 1 || d < 1 || stream_kernels == nullptr || n_streams < 1)
-    {
-        return 0;
-    }
-    return msar::kernels::tapsBytes(n_sources, msar::kernels::tapCount(stream_kernels, n_streams), d);
-}
-
-extern "C" int32_t msarFusedMixerPrepareTaps(int32_t dtype, void const* conv_weight, int32_t n_sources, int64_t d,
-    int32_t const* stream_kernels, int32_t n_streams, void* taps, size_t taps_size, cudaStream_t stream)
-{
-    if (conv_weight == nullptr || taps == nullptr || n_sources < 1 || n_sources > MSAR_MAX_SOURCES || d < 1
-        || stream_kernels == nullptr || n_streams < 1 || n_streams > MSAR_MAX_STREAMS)
-    {
-        return MSAR_STATUS_INVALID_ARGUMENT;
-    }
-    if (taps_size < msarFusedMixerTapsSize(n_sources, d, stream_kernels, n_streams))
-    {
-        return MSAR_STATUS_WORKSPACE_TOO_SMALL;
-    }
-    int64_t const K = msar::kernels::tapCount(stream_kernels, n_streams);
-    if (K == 0)
-    {
-        return MSAR_STATUS_OK;
-    }
-    switch (dtype)
-    {
-    case MSAR_DTYPE_FLOAT32: return msar::kernels::prepareTaps<float>(conv_weight, n_sources, d, K, taps, stream);
-    case MSAR_DTYPE_FLOAT16: return msar::kernels::prepareTaps<__half>(conv_weight, n_sources, d, K, taps, stream);
-    case MSAR_DTYPE_BFLOAT16:
-        return msar::kernels::prepareTaps<__nv_bfloat16>(conv_weight, n_sources, d, K, taps, stream);
-    default: return MSAR_STATUS_UNSUPPORTED;
-    }
+    return msar::kernels::splitRegionBytes(n_streams, d);
 }
 
 extern "C" int32_t msarFusedMixerForward(int32_t dtype, MsarFusedMixerArgs const* args, cudaStream_t stream)

@@ -31,7 +31,8 @@ typedef struct MsarFusedMixerArgs
     void const* gate_weight;       /* [m, m*d], nn.Linear layout */
     void const* gate_bias;         /* [m] */
     void const* gate_scale;        /* [] */
-    void const* conv_weight;       /* [N, d, K]: row i = source i's taps, streams 1..m-1 back to back */
+    void const* conv_weight;       /* [N, K, d], read as is: conv_weight[i][o_r + j][c] = tap j of stream r,
+                                      channel c, source i (contract: msar_export/export/contracts.py) */
     void const* const* sources;    /* HOST array of n_sources device pointers, each [B, T, d] */
     int32_t n_sources;             /* n, 1..MSAR_MAX_SOURCES */
     int64_t batch;                 /* B */
@@ -42,24 +43,16 @@ typedef struct MsarFusedMixerArgs
        first is 1), n_streams (m, 1..MSAR_MAX_STREAMS), eps (key RMSNorm epsilon) */
     MSAR_FUSEDMIXER_ATTR_ARGS
     void* out;                     /* [B, T, d] */
-    void* workspace;               /* device scratch: msarFusedMixerWorkspaceSize bytes (taps, then split partials) */
+    void* workspace;               /* device scratch for split-source partials: msarFusedMixerWorkspaceSize bytes,
+                                      or workspace_size 0 (then one block walks every source: no split) */
     size_t workspace_size;
-    void const* prepared_taps;     /* optional: the taps already in [n][K][d], dtype (msarFusedMixerPrepareTaps);
-                                      then nothing is transposed; the workspace then only serves the split */
 } MsarFusedMixerArgs;
 
-/* Scratch bytes the launcher can use: the taps transposed to [n][K][d] (msarFusedMixerTapsSize),
-   then room for split-source partial results (at most 32 MiB; used when B*T is small). A workspace of only
-   msarFusedMixerTapsSize bytes works too, without the split. */
+/* Scratch bytes the launcher can use: room for split-source partial results (at most 32 MiB; used when B*T is
+   small). Nothing else: the taps are read from conv_weight as exported, so a launch allocates and prepares
+   nothing. A workspace_size between 1 and this is refused (MSAR_STATUS_WORKSPACE_TOO_SMALL): a caller that
+   passes scratch passes all of it. */
 size_t msarFusedMixerWorkspaceSize(int32_t n_sources, int64_t d, int32_t const* stream_kernels, int32_t n_streams);
-
-/* Bytes of the transposed taps alone (sized for float32; 16-bit dtypes use half). */
-size_t msarFusedMixerTapsSize(int32_t n_sources, int64_t d, int32_t const* stream_kernels, int32_t n_streams);
-
-/* Transpose conv_weight [N, d, K] (dtype) into `taps` [n][K][d] of the same dtype (>= msarFusedMixerTapsSize
-   bytes) on `stream`, once, for MsarFusedMixerArgs.prepared_taps; returns MSAR_STATUS_*. */
-int32_t msarFusedMixerPrepareTaps(int32_t dtype, void const* conv_weight, int32_t n_sources, int64_t d,
-    int32_t const* stream_kernels, int32_t n_streams, void* taps, size_t taps_size, cudaStream_t stream);
 
 /* Enqueue the kernel on `stream`; returns MSAR_STATUS_* (no synchronisation). */
 int32_t msarFusedMixerForward(int32_t dtype, MsarFusedMixerArgs const* args, cudaStream_t stream);

@@ -27,7 +27,7 @@ struct MixerParams
     T const* gateW;     // [m, m*d]
     T const* gateB;     // [m]
     T const* gateScale; // []
-    T const* taps;      // [n][K][d] in T (exact: they are conv_weight's values), prepared or workspace
+    T const* taps;      // conv_weight [N][K][d] as exported (its first n rows)
     T* out;             // [B, T, d]
     int64_t seq;
     int64_t d;

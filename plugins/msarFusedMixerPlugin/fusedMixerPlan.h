@@ -63,13 +63,6 @@ inline size_t align256(size_t bytes)
     return (bytes + 255) / 256 * 256;
 }
 
-//! Room for the transposed taps: sized for float32 so that one size serves every dtype (the ABI's size
-//! queries take no dtype); 16-bit types use half of it.
-inline size_t tapsBytes(int64_t n, int64_t K, int64_t d)
-{
-    return align256(static_cast<size_t>(n) * static_cast<size_t>(K) * static_cast<size_t>(d) * sizeof(float));
-}
-
 //! Floats of one split's partial result: unnormalised z [TS][m][d], then running max and denominator [MB*TS] each.
 inline int64_t splitSlotFloats(int ts, int m, int mb, int64_t d)
 {

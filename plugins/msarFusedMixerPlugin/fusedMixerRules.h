@@ -86,7 +86,7 @@ struct FusedMixerDims
 
 /*!
  * FusedMixer inputs: query [m, d], gate_weight [m, m*d], gate_bias [m],
- * gate_scale [] (a one-element [1] is accepted), conv_weight [N, d, K] with
+ * gate_scale [] (a one-element [1] is accepted), conv_weight [N, K, d] with
  * N >= n and K = sum(stream_kernels[1:]), sources x n: [B, T, d], all equal.
  * Output: h [B, T, d].
  */
@@ -140,8 +140,8 @@ inline FusedMixerDims checkFusedMixerShapes(
         fail(op, ": input 'gate_scale' must be a scalar [], got ", str(gs));
     }
     expectRank(op, "conv_weight", cw, 3);
-    expectDim(op, "conv_weight", cw, 1, r.d, "d");
-    expectDim(op, "conv_weight", cw, 2, r.taps, "sum(stream_kernels[1:])");
+    expectDim(op, "conv_weight", cw, 1, r.taps, "sum(stream_kernels[1:])");
+    expectDim(op, "conv_weight", cw, 2, r.d, "d");
     r.rows = cw.d[0];
     if (known(r.rows) && r.rows < r.n)
     {

@@ -341,17 +341,17 @@ void fusedMixer(FusedMixerProblem const& p, Parallel const& parallel)
     }
     loadRow(P.bias, p.gate_bias, 0, m, m, p.storage);
     loadRow(&P.scale, p.gate_scale, 0, 1, 1, p.storage);
-    // conv_weight rows are [d][K] (Conv1d order per channel); the loops want [chunk][K][channel].
+    // conv_weight rows are [K][d]; the loops want [chunk][K][kChunk] (one chunk's taps together).
     P.taps.assign(p.n * P.K * dp, 0.F);
-    std::vector<float> row(d * P.K);
     for (int64_t i = 0; i < p.n; ++i)
     {
-        loadRow(row.data(), p.conv_weight, i * d * P.K, d * P.K, d * P.K, p.storage);
-        for (int64_t c = 0; c < d; ++c)
+        for (int64_t ch = 0; ch < P.chunks; ++ch)
         {
+            int64_t const c0 = ch * kChunk, count = std::max<int64_t>(0, std::min(kChunk, d - c0));
             for (int64_t j = 0; j < P.K; ++j)
             {
-                P.taps[((i * P.chunks + c / kChunk) * P.K + j) * kChunk + c % kChunk] = row[c * P.K + j];
+                loadRow(P.taps.data() + ((i * P.chunks + ch) * P.K + j) * kChunk, p.conv_weight, (i * P.K + j) * d + c0,
+                        count, kChunk, p.storage);
             }
         }
     }

@@ -43,7 +43,7 @@ struct FusedMixerProblem
     void const* gate_weight;  // [m, m*d]
     void const* gate_bias;    // [m]
     void const* gate_scale;   // []
-    void const* conv_weight;  // [N >= n, d, K]
+    void const* conv_weight;  // [N >= n, K, d]: taps of stream r at rows offset_r .. offset_r + k_r - 1
     std::vector<void const*> sources;  // n x [B, T, d]
     void* h;                           // [B, T, d]
 };

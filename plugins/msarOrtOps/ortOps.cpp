@@ -134,9 +134,9 @@ struct FusedMixerKernel
         expect(gw.shape == Shape{m, m * d}, op, "gate_weight must be " + shapeText({m, m * d}) + ", got " + shapeText(gw.shape));
         expect(gb.shape == Shape{m}, op, "gate_bias must be " + shapeText({m}) + ", got " + shapeText(gb.shape));
         expect(gs.shape.empty() || gs.shape == Shape{1}, op, "gate_scale must be a scalar, got " + shapeText(gs.shape));
-        expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == d && cw.shape[2] == K, op,
-               "conv_weight must be [N >= " + std::to_string(n) + ", " + std::to_string(d) + ", " + std::to_string(K)
-                   + "], got " + shapeText(cw.shape));
+        expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == K && cw.shape[2] == d, op,
+               "conv_weight must be [N >= " + std::to_string(n) + ", K = " + std::to_string(K) + ", d = "
+                   + std::to_string(d) + "], got " + shapeText(cw.shape));
         msar::cpu::FusedMixerProblem p{mStorage, B, T, d, n, mKernels, mEps, q.data, gw.data, gb.data, gs.data, cw.data,
                                        {}, nullptr};
         for (int64_t i = 0; i < n; ++i)

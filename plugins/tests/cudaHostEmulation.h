@@ -8,7 +8,9 @@
  * shared memory (MSAR_DYNAMIC_SHARED, one block at a time, NaN-poisoned), __syncthreads, __syncwarp and
  * __shfl_xor_sync (lockstep through per-warp barriers), vector loads and
  * stores (loadVec/storeVec copy the bytes) and the device attributes a
- * launcher plans with (deviceAttribute). Blocks run one after another;
+ * launcher plans with (deviceAttribute). Blocks of a launch run one after another; launches from
+ * different host threads may run at once (each block's dims and shared memory are its threads' own),
+ * as two TensorRT execution contexts on two threads would;
  * "device pointers" are host pointers. Not emulated: timing, memory ordering
  * subtleties, anything the kernels do not use. A misaligned vector access
  * is recorded and the launch reports cudaErrorMisalignedAddress, as a GPU
@@ -76,15 +78,15 @@ struct Block
 
 inline thread_local Dim tThreadIdx;
 inline thread_local Dim tBlockIdx;
+inline thread_local Dim tBlockDim;
+inline thread_local Dim tGridDim;
 inline thread_local Block* tBlock = nullptr;
-inline Dim gBlockDim;
-inline Dim gGridDim;
+inline thread_local std::vector<float>* tShared = nullptr;
 
-//! Dynamic shared memory of the running block (blocks run one at a time).
+//! Dynamic shared memory of the running block (each emulated thread points at its block's).
 inline std::vector<float>& sharedMemory()
 {
-    static std::vector<float> mem;
-    return mem;
+    return *tShared;
 }
 
 /*!
@@ -104,6 +106,9 @@ inline int deviceAttribute(cudaDeviceAttr attr, int fallback)
     default: return fallback;
     }
 }
+
+//! cudaFuncSetAttribute calls the kernels would have made (msarKernelCommon.cuh: setMaxDynamicShared).
+inline std::atomic<int> gFuncAttributeCalls{0};
 
 //! A misaligned vector access, as the GPU would fault on it; the launch then reports cudaErrorMisalignedAddress.
 inline std::atomic<bool> gMisaligned{false};
@@ -138,12 +143,10 @@ struct Launch
     template <typename... A>
     void operator()(A&&... args) const
     {
-        gGridDim = Dim{grid, 1, 1};
-        gBlockDim = Dim{block, 1, 1};
         for (unsigned b = 0; b < grid; ++b)
         {
             // Fresh, poisoned shared memory per block: a read before a write shows up as NaN.
-            sharedMemory().assign(shmem / sizeof(float) + 1, std::nanf(""));
+            std::vector<float> shared(shmem / sizeof(float) + 1, std::nanf(""));
             Block blk(static_cast<int>(block));
             std::vector<std::thread> threads;
             threads.reserve(block);
@@ -152,7 +155,10 @@ struct Launch
                 threads.emplace_back([&, b, t]() {
                     tThreadIdx = Dim{t, 0, 0};
                     tBlockIdx = Dim{b, 0, 0};
+                    tBlockDim = Dim{block, 1, 1};
+                    tGridDim = Dim{grid, 1, 1};
                     tBlock = &blk;
+                    tShared = &shared;
                     kernel(args...);
                     // A thread that returns early leaves its barriers.
                     currentWarp().bar.arrive_and_drop();
@@ -175,10 +181,17 @@ Launch<P...> launch(void (*kernel)(P...), unsigned grid, unsigned block, size_t 
 
 } // namespace msar_emu
 
+//! For the tests (ctypes): how many times the launchers opted a kernel in to more shared memory. Weak: every
+//! kernel source includes this header, the library keeps one definition.
+extern "C" __attribute__((weak, visibility("default"))) int msarEmuFuncAttributeCalls()
+{
+    return msar_emu::gFuncAttributeCalls.load();
+}
+
 #define threadIdx (::msar_emu::tThreadIdx)
 #define blockIdx (::msar_emu::tBlockIdx)
-#define blockDim (::msar_emu::gBlockDim)
-#define gridDim (::msar_emu::gGridDim)
+#define blockDim (::msar_emu::tBlockDim)
+#define gridDim (::msar_emu::tGridDim)
 
 inline void __syncthreads()
 {

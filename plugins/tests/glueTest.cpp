@@ -18,6 +18,7 @@
 #include "../msarDepthRetrievalPlugin/depthRetrievalKernel.h"
 #include "../msarFusedMixerPlugin/fusedMixerKernel.h"
 #include "../msarFusedMixerPlugin/fusedMixerPlugin.h"
+#include "trtFakes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,148 +33,10 @@
 #include <cuda_fp16.h>
 
 using namespace nvinfer1;
-
-extern "C" IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
+using namespace msar_test;
 
 namespace
 {
-int gChecks = 0;
-
-void check(bool ok, char const* what, int line)
-{
-    ++gChecks;
-    if (!ok)
-    {
-        std::printf("glueTest: FAILED line %d: %s\n", line, what);
-        std::exit(1);
-    }
-}
-#define CHECK(x) check((x), #x, __LINE__)
-
-struct FakeDimImpl : apiv::VDimensionExpr
-{
-    explicit FakeDimImpl(int64_t v)
-        : value(v)
-    {
-    }
-    bool isConstant() const override
-    {
-        return value >= 0;
-    }
-    int64_t getConstantValue() const override
-    {
-        return value >= 0 ? value : std::numeric_limits<int64_t>::min();
-    }
-    bool isSizeTensor() const override
-    {
-        return false;
-    }
-    int64_t value;
-};
-
-struct FakeDim : IDimensionExpr
-{
-    explicit FakeDim(int64_t v)
-        : impl(v)
-    {
-        mImpl = &impl;
-    }
-    FakeDimImpl impl;
-};
-
-struct FakeExprBuilder : IExprBuilder
-{
-    FakeExprBuilder()
-    {
-        mImpl = nullptr; // the plugins build no new expressions
-    }
-};
-
-//! Owns the fake expressions of a set of build-time shapes (-1 = dynamic).
-struct ExprShapes
-{
-    std::vector<std::unique_ptr<FakeDim>> dims;
-    std::vector<DimsExprs> shapes;
-
-    explicit ExprShapes(std::vector<std::vector<int64_t>> const& in)
-    {
-        for (auto const& s : in)
-        {
-            DimsExprs e{};
-            e.nbDims = static_cast<int32_t>(s.size());
-            for (size_t i = 0; i < s.size(); ++i)
-            {
-                dims.push_back(std::make_unique<FakeDim>(s[i]));
-                e.d[i] = dims.back().get();
-            }
-            shapes.push_back(e);
-        }
-    }
-};
-
-Dims dimsOf(std::vector<int64_t> const& s)
-{
-    Dims d{};
-    d.nbDims = static_cast<int32_t>(s.size());
-    for (size_t i = 0; i < s.size(); ++i)
-    {
-        d.d[i] = s[i];
-    }
-    return d;
-}
-
-int64_t volume(std::vector<int64_t> const& s)
-{
-    int64_t v = 1;
-    for (auto x : s)
-    {
-        v *= x;
-    }
-    return v;
-}
-
-std::vector<float> randomFloats(int64_t n, uint32_t seed, float scale)
-{
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v)
-    {
-        seed = seed * 1664525u + 1013904223u;
-        x = scale * (static_cast<float>(seed >> 8) / 16777216.0F * 2.0F - 1.0F);
-    }
-    return v;
-}
-
-IPluginCreatorV3One* creatorNamed(char const* name)
-{
-    int32_t n = 0;
-    auto const* list = getCreators(n);
-    for (int32_t i = 0; i < n; ++i)
-    {
-        auto* c = static_cast<IPluginCreatorV3One*>(list[i]);
-        if (std::string(c->getPluginName()) == name)
-        {
-            return c;
-        }
-    }
-    return nullptr;
-}
-
-std::vector<std::string> fieldNamesOf(PluginFieldCollection const* fc)
-{
-    std::vector<std::string> out;
-    for (int32_t i = 0; i < fc->nbFields; ++i)
-    {
-        out.emplace_back(fc->fields[i].name);
-    }
-    return out;
-}
-
-template <typename T>
-T* capability(IPluginV3* p, PluginCapabilityType t)
-{
-    return static_cast<T*>(p->getCapabilityInterface(t));
-}
-
 void testCreators()
 {
     int32_t n = 0;
@@ -212,49 +75,6 @@ std::unique_ptr<IPluginV3> createFusedMixer(std::vector<int32_t> const& ks, floa
     return std::unique_ptr<IPluginV3>(creatorNamed("FusedMixer")->createPlugin("node", &fc, TensorRTPhase::kBUILD));
 }
 
-//! Host memory (the kernels run emulated on the CPU), counted.
-class CountingAllocator : public IGpuAllocator
-{
-public:
-    int allocations{0};
-    int frees{0};
-
-    void* allocate(uint64_t const size, uint64_t const /*alignment*/, AllocatorFlags const /*flags*/) noexcept override
-    {
-        ++allocations;
-        return std::malloc(static_cast<size_t>(size));
-    }
-
-    bool deallocate(void* const memory) noexcept override
-    {
-        ++frees;
-        std::free(memory);
-        return true;
-    }
-};
-
-class FakeResourceContext : public IPluginResourceContext
-{
-public:
-    explicit FakeResourceContext(IGpuAllocator* allocator)
-        : mAllocator(allocator)
-    {
-    }
-
-    IGpuAllocator* getGpuAllocator() const noexcept override
-    {
-        return mAllocator;
-    }
-
-    IErrorRecorder* getErrorRecorder() const noexcept override
-    {
-        return nullptr;
-    }
-
-private:
-    IGpuAllocator* mAllocator;
-};
-
 void testFusedMixer(DataType type, int32_t dtypeCode)
 {
     std::vector<int32_t> const ks = {1, 3, 5};
@@ -274,7 +94,7 @@ void testFusedMixer(DataType type, int32_t dtypeCode)
 
     // Build phase.
     std::vector<std::vector<int64_t>> const staticShapes
-        = {{m, d}, {m, m * d}, {m}, {}, {N, d, K}, {B, T, d}, {B, T, d}, {B, T, d}};
+        = {{m, d}, {m, m * d}, {m}, {}, {N, K, d}, {B, T, d}, {B, T, d}, {B, T, d}};
     std::vector<std::vector<int64_t>> dynShapes = staticShapes;
     for (int32_t i = 5; i < 8; ++i)
     {
@@ -295,7 +115,7 @@ void testFusedMixer(DataType type, int32_t dtypeCode)
     CHECK(outExpr.nbDims == 3 && outExpr.d[2]->isConstant() && outExpr.d[2]->getConstantValue() == d);
     CHECK(!outExpr.d[0]->isConstant());
     auto badShapes = dynShapes;
-    badShapes[4] = {N, d, K + 1};
+    badShapes[4] = {N, K + 1, d};
     ExprShapes badExprs(badShapes);
     CHECK(build->getOutputShapes(badExprs.shapes.data(), nbIn, nullptr, 0, &outExpr, 1, builder) != 0);
 
@@ -328,7 +148,6 @@ void testFusedMixer(DataType type, int32_t dtypeCode)
     CHECK(build->configurePlugin(io.data(), nbIn, &io[nbIn], 1) == 0);
     size_t const ws = build->getWorkspaceSize(io.data(), nbIn, &io[nbIn], 1);
     CHECK(ws == msarFusedMixerWorkspaceSize(static_cast<int32_t>(n), d, ks.data(), static_cast<int32_t>(m)));
-    CHECK(ws >= static_cast<size_t>(n * K * d) * sizeof(float));
 
     // Serialisation round trip, as a deserialised engine would re-create the plugin.
     PluginFieldCollection const* ser = rt->getFieldsToSerialize();
@@ -420,34 +239,24 @@ void testFusedMixer(DataType type, int32_t dtypeCode)
     }
     CHECK(finite);
 
-    // With a resource context: the taps are prepared once (one allocation from the
-    // context's allocator), reused by later enqueues with no workspace, made again
-    // only when conv_weight moves, and freed with the plugin.
+    // With a resource context whose allocator counts: enqueue allocates nothing, the same bits every call.
     {
         CountingAllocator allocator;
         FakeResourceContext resources(&allocator);
         std::unique_ptr<IPluginV3> ctx2(rt2->attachToContext(&resources));
         auto* run2 = capability<IPluginV3OneRuntime>(ctx2.get(), PluginCapabilityType::kRUNTIME);
         CHECK(run2->onShapeChange(desc.data(), nbIn, &desc[nbIn], 1) == 0);
-        auto const* mixer = dynamic_cast<msar::FusedMixerPlugin const*>(ctx2.get());
-        CHECK(mixer != nullptr && mixer->preparedTaps() == nullptr);
         for (int rep = 0; rep < 2; ++rep)
         {
             std::fill(buffers[nbIn].begin(), buffers[nbIn].end(), static_cast<unsigned char>(0));
-            CHECK(run2->enqueue(desc.data(), &desc[nbIn], inPtrs.data(), &outPtr, nullptr, nullptr) == 0);
+            CHECK(run2->enqueue(desc.data(), &desc[nbIn], inPtrs.data(), &outPtr, workspace.data(), nullptr) == 0);
             CHECK(expect == buffers[nbIn]);
         }
-        CHECK(allocator.allocations == 1 && mixer->preparedTaps() != nullptr);
-        std::vector<unsigned char> moved(buffers[4]); // conv_weight at another address
-        auto movedPtrs = inPtrs;
-        movedPtrs[4] = moved.data();
-        void const* before = mixer->preparedTaps();
-        std::fill(buffers[nbIn].begin(), buffers[nbIn].end(), static_cast<unsigned char>(0));
-        CHECK(run2->enqueue(desc.data(), &desc[nbIn], movedPtrs.data(), &outPtr, nullptr, nullptr) == 0);
-        CHECK(expect == buffers[nbIn]);
-        CHECK(allocator.allocations == 1 && mixer->preparedTaps() == before);
         ctx2.reset();
-        CHECK(allocator.frees == 1);
+        CHECK(allocator.allocations == 0 && allocator.frees == 0);
+        // The counter sees a call when there is one (if enqueue allocated again, as before issue 23, it would).
+        allocator.deallocate(allocator.allocate(16, 16, 0));
+        CHECK(allocator.allocations == 1 && allocator.frees == 1);
     }
 
     // Shape errors at run time are refused, not run.

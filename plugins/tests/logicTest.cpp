@@ -74,7 +74,7 @@ std::vector<Shape> mixerShapes(std::vector<int32_t> const& ks, int32_t n, int64_
     {
         K += ks[r];
     }
-    std::vector<Shape> s = {shape({m, d}), shape({m, m * d}), shape({m}), shape({}), shape({N, d, K})};
+    std::vector<Shape> s = {shape({m, d}), shape({m, m * d}), shape({m}), shape({}), shape({N, K, d})};
     for (int32_t i = 0; i < n; ++i)
     {
         s.push_back(shape({B, T, d}));
@@ -205,10 +205,13 @@ void testFusedMixerShapes()
     bad[3] = shape({2});
     EXPECT_ERROR(checkFusedMixerShapes(a, bad.data(), 8, 1, true), "scalar");
     bad = s;
-    bad[4] = shape({5, 64, 23});
+    bad[4] = shape({5, 23, 64});
     EXPECT_ERROR(checkFusedMixerShapes(a, bad.data(), 8, 1, true), "sum(stream_kernels[1:])");
     bad = s;
-    bad[4] = shape({2, 64, 24});
+    bad[4] = shape({5, 64, 24}); // the layout before issue 23 ([N, d, K]): a file exported then is refused
+    EXPECT_ERROR(checkFusedMixerShapes(a, bad.data(), 8, 1, true), "sum(stream_kernels[1:])");
+    bad = s;
+    bad[4] = shape({2, 24, 64});
     EXPECT_ERROR(checkFusedMixerShapes(a, bad.data(), 8, 1, true), "N >= n");
     bad = s;
     bad[7] = shape({2, 16, 64});

@@ -1,0 +1,84 @@
+"""scripts/gpu_check.sh before a GPU ever runs it: `--dry-run` runs every host-side step
+(build, plugin harness, correctness, the timing and report code, the ncu report parser) on
+the CPU emulation, so the script's own bugs are found here and not in a device's minutes.
+Negative controls put known defects back and must make the dry run fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from plugin_build import cmake_build, emulation, trt_headers
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import ncu_summary  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    emulation()  # the emulation library built (and the harness, with headers) in the shared build folder
+    build = cmake_build(with_tensorrt=trt_headers() is not None)
+    if build.has_target("pluginHarness"):
+        build.build("pluginHarness", "msar_emulation")
+    out = tmp_path_factory.mktemp("gpu_check")
+    env = {**os.environ, "PYTHON": sys.executable, "MSAR_GPU_CHECK_DIR": str(out), "MSAR_GPU_CHECK_BUILD": str(build.dir)}
+    env.pop("OUT", None)
+    r = subprocess.run([str(SCRIPTS / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True, env=env,
+                       timeout=600)
+    return r, out
+
+
+def test_dry_run_passes_end_to_end(dry_run):
+    r, out = dry_run
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert "ok: build" in " ".join(summary) and any(line.startswith("ok: check") for line in summary), summary
+    assert not any(line.startswith("FAILED") for line in summary), summary
+    harness = [line for line in summary if "harness" in line]
+    assert harness and harness[0].startswith("ok: harness" if trt_headers() else "skipped: harness"), summary
+    results = json.loads((out / "results.json").read_text())
+    assert results["failed"] == 0
+    ops = {row["op"] for row in results["results"]}
+    assert ops == {"FusedMixer", "DepthRetrieval", "copy bandwidth", "prefill paths", "decode retrieval"}, ops
+    for row in results["results"]:
+        if row["op"] == "prefill paths":
+            assert row["timer"] == "host, dry run" and "cached_ms" in row
+            assert {"fused_bytes", "fused_gbs", "fused_copy_fraction", "fused_vs_model", "retrieval_vs_model"} <= set(row)
+        if row["op"] == "decode retrieval":
+            assert row["dtype"] == "float32" and row["retrieval_model_us"] > 0
+
+
+def test_dry_run_catches_the_dtype_mix_put_back(tmp_path):
+    """Negative control for issue 23 defect 1: the cached path's gate fusion given a bfloat16 z with the
+    float32 weights stream_fusion makes ('expected m1 and m2 to have the same dtype') fails the dry run."""
+    lib = emulation()
+    for name in ("gpu_check.py", "gpu_timing.py", "kernel_model.py"):
+        shutil.copy(SCRIPTS / name, tmp_path / name)
+    timing = (tmp_path / "gpu_timing.py").read_text()
+    assert "stream_fusion(z.float()," in timing
+    (tmp_path / "gpu_timing.py").write_text(timing.replace("stream_fusion(z.float(),", "stream_fusion(z,"))
+    r = subprocess.run([sys.executable, str(tmp_path / "gpu_check.py"), "--emulation", str(lib.path), "--dry-run",
+                        "--out", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode != 0
+    assert "same dtype" in r.stderr, r.stderr[-2000:]
+
+
+def test_ncu_report_parser(tmp_path):
+    head = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+            "Grid Size", "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+    rows = [head, ["0"] * 4 + ["tileMixerKernel<bf16>", "1", "7", "(256,1,1)", "(128,1,1)", "0", "9.0",
+                               "GPU Speed Of Light", "Duration", "us", "12.5"],
+            ["0"] * 4 + ["tileMixerKernel<bf16>", "1", "7", "(256,1,1)", "(128,1,1)", "0", "9.0", "x", "Other", "", "1"]]
+    (tmp_path / "r.csv").write_text("\n".join(",".join(f'"{c}"' for c in r) for r in rows) + "\n")
+    lines = ncu_summary.summary_lines(str(tmp_path / "r.csv"))
+    assert len(lines) == 1 and "Duration" in lines[0] and lines[0].endswith("12.5 us")
+    (tmp_path / "empty.csv").write_text("")
+    assert ncu_summary.summary_lines(str(tmp_path / "empty.csv")) == []
