@@ -52,6 +52,19 @@ def cmd_bench(a) -> int:
             update_readme_memory(Path(a.update_readme), [json.loads((Path(a.out) / f"{s}.json").read_text())
                                                          for s in stems if (Path(a.out) / f"{s}.json").is_file()])
         return 0 if all(r["returncode"] == 0 for r in res["rows"]) else 1
+    if a.depth_sweep:
+        from .depth import depth_table, run_depth_sweep, write_depth_sweep
+
+        try:
+            depths = tuple(int(x) for x in a.depth_sweep.split(","))
+        except ValueError:
+            raise InputError(f"--depth-sweep takes comma-separated block counts, got {a.depth_sweep!r}") from None
+        if min(depths) < 1:
+            raise InputError("--depth-sweep: block counts must be positive")
+        res = run_depth_sweep(depths, threads=a.threads, repeats=a.repeats or 3)
+        write_depth_sweep(res, Path(a.out), Path(a.update_readme) if a.update_readme else None)
+        print(depth_table(res))
+        return 0
     if a.mixer:
         from ..fileio import atomic_write_text
         from .mixer import run_mixer_bench
@@ -89,6 +102,9 @@ def register(sub) -> None:
     b.add_argument("--update-readme", metavar="README", help="rewrite the README's bench table from this run")
     b.add_argument("--mixer", action="store_true",
                    help="only the mixer microbenchmark (eager vs the FusedMixer node in ORT, bytes-moved floor)")
+    b.add_argument("--depth-sweep", metavar="BLOCKS", default=None,
+                   help="only msar/standard prefill time in ORT against depth, e.g. 8,16,32 (native kernels and "
+                        "function bodies, with the multiply-add model; depth_sweep.json)")
     b.add_argument("--export-scaling", action="store_true",
                    help="only export time, peak RSS, node count and file size per graph kind vs depth (JSON + PNG)")
     b.add_argument("--depths", default="4,8,16,24,48", help="--export-scaling: n_blocks values")

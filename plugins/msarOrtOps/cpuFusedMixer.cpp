@@ -1,16 +1,16 @@
 /*
  * FusedMixer on the CPU.  One work item is TILE tokens of one batch row:
  *   0. every source's window for the tile (TILE + kmax - 1 rows, zeros before
- *      t = 0) converted once into float32, chunk-major (one chunk of kChunk
- *      channels of every row contiguous): n x rows x d floats, L2-resident;
- *   1. per source and chunk, the conv views of the TILE tokens in registers
+ *      t = 0): float32 rows read where they are when the tile lies inside the
+ *      sequence, else converted once into a chunk-major float32 copy (one
+ *      chunk of kChunk channels of every row contiguous);
+ *   1. per source and chunk, the conv views of kRegs tokens in registers
  *      (each tap loaded once per chunk and used for every token) and their
  *      q . v and v . v -> scores;
  *   2. the max-subtracted softmax over the sources;
- *   3. per chunk, the views again (recomputing costs 24 FMAs per channel; a
- *      stored view buffer cost more in memory traffic: 3x slower at d = 512),
- *      z accumulated in an L1 buffer, the gate logits' partial sums; then
- *      the gates and h.
+ *   3. per chunk, the views again (24 FMAs per channel; a stored view buffer
+ *      was no faster and grows with n: docs/ort_kernels.md), z accumulated in
+ *      an L1 buffer, the gate logits' partial sums; then the gates and h.
  * Taps are converted once per call into [source][chunk][tap][kChunk], the
  * order the loops read them.
  */

@@ -1,0 +1,90 @@
+"""`msar-export bench --depth-sweep`: how MSAR's cost over a standard model in ONNX Runtime grows
+with depth, next to the multiply-add model of issue 21 (each mixer recomputes its sources'
+views: 36 multiply-adds per channel, source and token; the gate m*m*d per token and mixer),
+native kernels and function bodies side by side, one process, interleaved medians."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..config import MSARConfig
+from ..fileio import atomic_write_text
+from .report import replace_block
+
+BEGIN, END = "<!-- depth-sweep:begin -->", "<!-- depth-sweep:end -->"
+MACS_PER_PAIR_CHANNEL = 36  # sum of the conv kernels (4+8+12) + per stream q.v, v.v and the z sum (3 x 4)
+
+
+def mac_model(cfg: MSARConfig, T: int) -> dict:
+    """Multiply-adds per token: the mixing of an msar model and everything else (as ORT runs it:
+    attention over all T keys, no causal skipping)."""
+    d, L, m = cfg.d_model, cfg.n_sublayers, len(cfg.stream_kernels)
+    hd = d // cfg.n_heads
+    pairs = sum(range(1, L + 2))  # mixer l reads l sources, l = 1..L+1
+    mixing = pairs * d * (sum(cfg.stream_kernels[1:]) + 3 * m) + (L + 1) * m * m * d
+    attention = d * cfg.n_heads * hd * 2 + d * cfg.n_kv_heads * hd * 2 + 2 * T * cfg.n_heads * hd
+    rest = cfg.n_blocks * (attention + 3 * d * cfg.mlp_hidden) + cfg.vocab_size * d
+    return {"mixing_macs_per_token": mixing, "rest_macs_per_token": rest, "predicted_ratio": round(1 + mixing / rest, 3)}
+
+
+def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int = 512, threads: int = 2,
+                    repeats: int = 3, log=print) -> dict:
+    from ..export import ExportOptions, export_model
+    from ..runtime import OrtModel
+    from .run import native_available, random_model
+    from .timing import interleaved, machine_description
+
+    from .run import BenchSettings
+
+    base = base or BenchSettings().model
+    hows = ["native", "function"] if native_available() else ["function"]
+    rows = []
+    for n_blocks in depths:
+        cfg = dataclasses.replace(base, n_blocks=n_blocks)
+        runs = {}
+        with tempfile.TemporaryDirectory(prefix="msar-depth-") as tmp:
+            for kind, opts in (("standard", ExportOptions(decomposed=True)), ("msar", ExportOptions())):
+                path = Path(tmp) / f"{kind}.onnx"
+                export_model(random_model(dataclasses.replace(cfg, residual=kind)), path, opts, validate=False)
+                for how in (["ort"] if kind == "standard" else hows):
+                    runs[how] = OrtModel(path, threads=threads, ort_ops=None if how == "ort" else how).ort
+            ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, T))
+            t = interleaved({k: (lambda g=g: g.logits(ids)) for k, g in runs.items()}, 1, repeats)
+        std = t["ort"].median_s
+        row = {"n_blocks": n_blocks, "standard_ms": round(std * 1e3, 1), **mac_model(cfg, T)}
+        for how in hows:
+            row[f"msar_{how}_ms"] = round(t[how].median_s * 1e3, 1)
+            row[f"ratio_{how}"] = round(t[how].median_s / std, 3)
+        log(f"  {n_blocks} blocks: " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "n_blocks"))
+        rows.append(row)
+    return {"machine": machine_description(threads), "d_model": base.d_model, "tokens": T,
+            "stream_kernels": list(base.stream_kernels), "repeats": repeats, "rows": rows}
+
+
+def depth_table(res: dict) -> str:
+    m = res["machine"]
+    hows = [h for h in ("native", "function") if f"ratio_{h}" in res["rows"][0]]
+    lines = [f"Measured {m['date']} on {m['cpu']} ({m['threads']} threads), onnxruntime {m['onnxruntime']}; random "
+             f"models, d_model {res['d_model']}, kernels {res['stream_kernels']}, prefill 1x{res['tokens']}, median "
+             f"of {res['repeats']} interleaved runs. Predicted: 1 + mixing / rest multiply-adds (each mixer "
+             "recomputing its views).", "",
+             "| n_blocks | standard ms | " + " | ".join(f"msar {h} ms | msar/standard {h}" for h in hows)
+             + " | predicted | mixing / rest MACs per token |",
+             "| --- | --- | " + " | ".join("--- | ---" for _ in hows) + " | --- | --- |"]
+    for r in res["rows"]:
+        cells = " | ".join(f"{r[f'msar_{h}_ms']} | {r[f'ratio_{h}']}" for h in hows)
+        lines.append(f"| {r['n_blocks']} | {r['standard_ms']} | {cells} | {r['predicted_ratio']} | "
+                     f"{r['mixing_macs_per_token'] / 1e6:.2f} M / {r['rest_macs_per_token'] / 1e6:.1f} M |")
+    return "\n".join(lines)
+
+
+def write_depth_sweep(res: dict, out: Path, readme: Path | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "depth_sweep.json", json.dumps(res, indent=1) + "\n")
+    if readme is not None:
+        replace_block(readme, BEGIN, END, depth_table(res))
