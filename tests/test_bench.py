@@ -20,11 +20,14 @@ def test_quick_bench_writes_results_and_chart(tmp_path):
     write_results(result, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
     backends = {(r["kind"], r["backend"]) for r in saved["prefill"]}
-    assert {("standard", "eager"), ("standard", "ort"), ("msar", "eager"), ("msar", "ort-custom"),
-            ("msar", "ort-decomposed"), ("msar", "ort-custom-retrieval")} <= backends
+    assert {("standard", "eager"), ("standard", "ort"), ("msar", "eager"), ("msar", "ort-native"),
+            ("msar", "ort-function"), ("msar", "ort-decomposed"), ("msar", "ort-native-retrieval"),
+            ("msar", "ort-function-retrieval")} <= backends
     assert all(r["median_s"] > 0 and r["min_s"] <= r["median_s"] <= r["max_s"] for r in saved["prefill"])
-    assert {(r["kind"], r["backend"]) for r in saved["decode"]} == {(k, b) for k in ("standard", "msar")
-                                                                     for b in ("eager", "ort")}
+    assert {(r["kind"], r["backend"], r["batch"]) for r in saved["decode"]} == (
+        {(k, b, n) for k in ("standard", "msar") for b in ("eager", "ort") for n in s.decode_batches}
+        | {("msar", "ort-function", n) for n in s.decode_batches})
+    assert "msar/standard (native)" in saved["guard"] and "msar/standard prefill time in ORT (ort-native)" in saved["ratios"]
     assert "tensorrt" in saved["skipped"] and saved["machine"]["threads"] == s.threads
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -36,6 +39,25 @@ def test_readme_table_is_generated_from_the_checked_in_results():
     assert block == markdown_table(result).strip()
 
 
+def test_readme_depth_sweep_table_is_generated_from_the_checked_in_results():
+    from msar_export.bench.depth import BEGIN as DB, END as DE, depth_table
+
+    result = json.loads((REPO / "benchmarks" / "depth_sweep.json").read_text())
+    block = (REPO / "README.md").read_text().split(DB, 1)[1].split(DE, 1)[0].strip()
+    assert block == depth_table(result).strip()
+
+
+def test_mac_model_counts_issue_21s_figure():
+    """d 512, 8 blocks, kernels [1,4,8,12]: mixing about 10% of the rest at 512 tokens (issue 21's count)."""
+    import dataclasses
+
+    from msar_export.bench.depth import mac_model
+
+    m = mac_model(dataclasses.replace(BenchSettings().model, residual="msar"), 512)
+    assert m["mixing_macs_per_token"] == 153 * 512 * 36 + 17 * 16 * 512
+    assert 1.08 < m["predicted_ratio"] < 1.12
+
+
 def test_mixer_microbenchmark_matches_eager_and_reports_the_floor():
     from msar_export.bench.mixer import run_mixer_bench
 
@@ -44,6 +66,7 @@ def test_mixer_microbenchmark_matches_eager_and_reports_the_floor():
     assert [(r["sources"], r["tokens"]) for r in res["rows"]] == [(2, 19), (5, 19)]
     for r in res["rows"]:
         assert r["ort_vs_eager_rel_err"] <= 1e-5  # the FusedMixer function body computes the eager mixer
+        assert r.get("ort_native_vs_eager_rel_err", 0.0) <= 1e-5  # and so does the native kernel, when built
         assert 0 < r["floor_ms"] and r["eager_ms"] > 0 and r["ort_ms"] > 0
 
 

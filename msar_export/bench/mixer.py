@@ -1,5 +1,5 @@
 """Microbenchmark of one mixer alone: eager PyTorch vs the FusedMixer node in
-ONNX Runtime (its function body), across sources, width and tokens, with the
+ONNX Runtime (its function body, and the native kernel when built), across sources, width and tokens, with the
 bytes-moved floor (raw sources read once, h written once, at measured memcpy
 bandwidth) next to each time.  The plugin kernel's numbers come from
 scripts/gpu_check.sh on a GPU."""
@@ -54,7 +54,7 @@ def depth_retrieval_model(n: int, m: int, d: int, eps: float = 1e-6, opset: int 
 
 def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), threads: int = 2,
                     repeats: int = 5, log=print) -> dict:
-    from ..runners.ort_runner import open_session
+    from ..runners.ort_runner import native_library, open_session
 
     torch.set_num_threads(threads)
     bw = copy_bandwidth_gbs()
@@ -75,19 +75,23 @@ def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), t
                         return stream_fusion(depth_retrieval(q, V, rms_normalize(V, 1e-6)), W, b, a)
 
                 conv = pack_conv_rows(e.conv.values() for e in expansions)
-                proto = ir.serde.serialize_model(fused_mixer_model(n, d))
-                sess = open_session(proto.SerializeToString(), providers=["cpu"], threads=threads)
+                proto = ir.serde.serialize_model(fused_mixer_model(n, d)).SerializeToString()
+                sessions = {"ort": open_session(proto, providers=["cpu"], threads=threads, ort_ops="function")}
+                if native_library() is not None:
+                    sessions["ort_native"] = open_session(proto, providers=["cpu"], threads=threads, ort_ops="native")
                 feeds = {"query": q.numpy(), "gate_weight": W.numpy(), "gate_bias": b.numpy(),
                          "gate_scale": a.numpy(), "conv_weight": conv.detach().numpy(),
                          **{f"x{i}": x.numpy() for i, x in enumerate(xs)}}
-                got = sess.run(["h"], feeds)[0]
                 ref = eager().numpy()
-                err = rel_err(got, ref)
-                t = interleaved({"eager": eager, "ort": lambda: sess.run(["h"], feeds)}, 1, repeats)
-                floor_ms = (n + 1) * T * d * 4 / (bw * 1e9) * 1e3
-                rows.append({"sources": n, "d_model": d, "tokens": T, "eager_ms": round(t["eager"].median_s * 1e3, 3),
-                             "ort_ms": round(t["ort"].median_s * 1e3, 3), "floor_ms": round(floor_ms, 6),
-                             "ort_vs_eager_rel_err": err})
-                log(f"  n={n:2d} d={d:4d} T={T:5d}: eager {rows[-1]['eager_ms']:8.2f} ms  ort {rows[-1]['ort_ms']:8.2f} ms"
-                    f"  floor {floor_ms:6.3f} ms  err {err:.1e}")
+                row = {"sources": n, "d_model": d, "tokens": T}
+                fns = {"eager": eager, **{k: (lambda s=s: s.run(["h"], feeds)) for k, s in sessions.items()}}
+                t = interleaved(fns, 1, repeats)
+                for k in fns:
+                    row[f"{k}_ms"] = round(t[k].median_s * 1e3, 3)
+                for k, s in sessions.items():  # ort: the function body; ort_native: the native kernel
+                    row[f"{k}_vs_eager_rel_err"] = rel_err(s.run(["h"], feeds)[0], ref)
+                row["floor_ms"] = round((n + 1) * T * d * 4 / (bw * 1e9) * 1e3, 6)
+                rows.append(row)
+                log(f"  n={n:2d} d={d:4d} T={T:5d}: " + "  ".join(f"{k} {row[f'{k}_ms']:8.2f} ms" for k in fns)
+                    + f"  floor {row['floor_ms']:6.3f} ms")
     return {"copy_bandwidth_gbs": round(bw, 2), "rows": rows}

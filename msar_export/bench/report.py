@@ -33,12 +33,14 @@ def plot_results(result: dict, out_png: Path) -> None:
     ax1.set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))], kinds)
     ax1.set_ylabel(f"prefill latency, ms (batch {B}, seq {T})")
     ax1.legend(fontsize=8)
-    dec = result["decode"]
-    for j, b in enumerate(sorted({r["backend"] for r in dec})):
-        xs = [i + j * 0.4 for i, k in enumerate(kinds)]
+    dec = [r for r in result["decode"] if r.get("batch", 1) == 1]
+    dbackends = sorted({r["backend"] for r in dec})
+    dwidth = 0.8 / max(1, len(dbackends))
+    for j, b in enumerate(dbackends):
+        xs = [i + j * dwidth for i, k in enumerate(kinds)]
         ys = [next((r["tokens_per_s"] for r in dec if r["kind"] == k and r["backend"] == b), 0) for k in kinds]
-        ax2.bar(xs, ys, 0.4, label=b)
-    ax2.set_xticks([i + 0.2 for i in range(len(kinds))], kinds)
+        ax2.bar(xs, ys, dwidth, label=b)
+    ax2.set_xticks([i + 0.4 - dwidth / 2 for i in range(len(kinds))], kinds)
     ax2.set_ylabel("decode tokens/s (batch 1)")
     ax2.legend(fontsize=8)
     m = result["machine"]
@@ -67,12 +69,16 @@ def markdown_table(result: dict) -> str:
     for r in sorted(result["prefill"], key=lambda r: (r["kind"], r["backend"])):
         if (r["batch"], r["seq"]) == (B, T):
             lines.append(f"| {r['kind']} | {r['backend']} | {r['median_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} |")
-    lines += ["", "| kind | decode backend | tokens/s (batch 1, after a " f"{s['decode_prompt']}-token prompt) |",
-              "| --- | --- | --- |"]
-    for r in sorted(result["decode"], key=lambda r: (r["kind"], r["backend"])):
-        lines.append(f"| {r['kind']} | {r['backend']} | {r['tokens_per_s']:.1f} |")
+    lines += ["", f"| kind | decode backend | batch | tokens/s (after a {s['decode_prompt']}-token prompt) |",
+              "| --- | --- | --- | --- |"]
+    for r in sorted(result["decode"], key=lambda r: (r["kind"], r["backend"], r.get("batch", 1))):
+        lines.append(f"| {r['kind']} | {r['backend']} | {r.get('batch', 1)} | {r['tokens_per_s']:.1f} |")
     lines += ["", "| ratio | value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in result["ratios"].items() if k != "shape"]
+    if "guard" in result:
+        g = result["guard"]
+        lines += ["", f"Guard model ({g['model']}, prefill {g['shape'][0]}x{g['shape'][1]}, tests/test_bench_guard.py): "
+                  + ", ".join(f"{k} {v}" for k, v in g.items() if k.startswith("msar/standard")) + "."]
     if "export_probe" in result:
         e = result["export_probe"]
         lines += ["", f"Export of a {e['parameters'] / 1e6:.0f} M-parameter checkpoint ({e['checkpoint_mb']:.0f} MB): "
