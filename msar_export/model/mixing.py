@@ -31,6 +31,8 @@ class SourceExpansion(nn.Module):
         nodes per stream, and faster in ONNX Runtime; eager training keeps
         the shifted form, faster on CPU forward and backward)."""
         x = f32(x)
+        if conv_op and self.conv:
+            return torch.cat([x.unsqueeze(2), self._merged_conv(x, history)], dim=2)
         views = [x]
         for conv in self.conv.values():
             k = conv.kernel_size[0]
@@ -44,6 +46,23 @@ class SourceExpansion(nn.Module):
             else:
                 views.append(causal_conv(window, f32(conv.weight)))
         return torch.stack(views, dim=2)  # (B, T, m, d)
+
+
+    def _merged_conv(self, x: torch.Tensor, history: torch.Tensor | None) -> torch.Tensor:
+        """Every conv stream of x in one depthwise Conv (B, T, m-1, d): each channel's streams are one
+        group of m-1 outputs, their taps right-aligned in a kmax-wide kernel (zeros in front), over one
+        window with kmax-1 positions of history.  The decode graph expands every new source this way:
+        one Conv and its two transposes instead of a Slice/Concat/Transpose/Conv/Transpose chain per
+        stream (measured in docs/ort_kernels.md)."""
+        convs = list(self.conv.values())
+        kmax, d, s = max(c.kernel_size[0] for c in convs), x.shape[-1], len(convs)
+        if history is None:
+            window = F.pad(x, (0, 0, kmax - 1, 0))
+        else:
+            window = torch.cat([f32(history)[:, history.shape[1] - (kmax - 1):], x], dim=1)
+        taps = torch.stack([F.pad(f32(c.weight)[:, 0], (kmax - c.kernel_size[0], 0)) for c in convs], dim=1)
+        y = F.conv1d(window.transpose(1, 2), taps.reshape(d * s, 1, kmax), groups=d)  # (B, d*s, T): channel c*s + r
+        return y.reshape(y.shape[0], d, s, -1).permute(0, 3, 2, 1)
 
 
 def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
