@@ -36,7 +36,7 @@ def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int =
                     repeats: int = 3, log=print) -> dict:
     from ..export import ExportOptions, export_model
     from ..runtime import OrtModel
-    from .run import native_available, random_model
+    from .models import native_available, random_model
     from .timing import interleaved, machine_description
 
     from .run import BenchSettings

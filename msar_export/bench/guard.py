@@ -24,7 +24,7 @@ def guard_ratios(threads: int = 2, repeats: int = 9) -> dict:
 
     from ..export import ExportOptions, export_model
     from ..runtime import OrtModel
-    from .run import native_available, random_model
+    from .models import native_available, random_model
     from .timing import interleaved
 
     runs = {}

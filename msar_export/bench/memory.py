@@ -15,7 +15,7 @@ from ..config import MSARConfig
 from ..fileio import atomic_write_text
 from .probe import cli_probe, python_probe
 from .report import replace_block, save_png
-from .run import random_model
+from .models import random_model
 from .scaling import KIND_FLAGS, _reported
 from .timing import machine_description
 

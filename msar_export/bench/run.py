@@ -19,7 +19,7 @@ import torch
 from ..checkpoint import save_checkpoint
 from ..config import MSARConfig
 from ..fileio import atomic_write_text
-from ..model import MSARLM
+from .models import native_available, random_model
 from .probe import cli_probe, python_probe
 from .timing import interleaved, machine_description
 
@@ -52,31 +52,13 @@ QUICK = dict(model=MSARConfig(d_model=64, n_blocks=2, n_heads=4, n_kv_heads=2, m
              decode_prompt=8, decode_steps=4, decode_batches=(1, 2), repeats=2, compile=False, memory=False)
 
 
-def random_model(cfg: MSARConfig, seed: int = 0) -> MSARLM:
-    torch.manual_seed(seed)
-    model = MSARLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.5 if name.endswith(".query") else 0.02)
-            if name.endswith("norm.weight") or name.endswith("gate_scale"):
-                p.fill_(1.0)
-    return model.eval()
-
-
 @dataclass
 class Backend:
-    """One way to run a model: prefill(ids) and a decode-step loop."""
+    """One way to run a model's prefill: prefill(ids), and the file it runs (ORT rows)."""
 
     name: str
     prefill: object
-    decode: object | None = None
     onnx: str | None = None
-
-
-def native_available() -> bool:
-    from ..runners.ort_runner import native_library
-
-    return native_library() is not None
 
 
 def ort_backends(model, kind: str, workdir: Path, threads: int, log) -> tuple[list[Backend], dict, dict]:

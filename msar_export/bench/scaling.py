@@ -14,7 +14,7 @@ from ..config import MSARConfig
 from ..fileio import atomic_write_text
 from .probe import cli_probe
 from .report import replace_block, save_png
-from .run import random_model
+from .models import random_model
 from .timing import machine_description
 
 KIND_FLAGS = {"default": [], "decomposed": ["--decomposed"], "decode": ["--decode"]}
