@@ -54,6 +54,30 @@ def check_output_file(target: str | os.PathLike) -> Path:
     return target
 
 
+def check_input_file(path: str | os.PathLike, what: str, error=None) -> Path:
+    """A file the user named as input: say what it is when it is not a readable regular file
+    (a directory or /dev/null used to be reported as "does not exist")."""
+    from .errors import InputError
+
+    error = error or InputError
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{what} {path}: no such file") from None
+    except OSError as e:
+        raise error(f"{what} {path}: cannot read it ({e.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"{what} {path}: is a directory; give the file itself")
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{what} {path}: is not a regular file (a device, FIFO or socket)")
+    if st.st_size == 0:
+        raise error(f"{what} {path}: is empty")
+    if not os.access(path, os.R_OK):
+        raise error(f"{what} {path}: cannot read it (permission denied)")
+    return path
+
+
 @contextlib.contextmanager
 def os_errors_as_output_errors(target: Path) -> Iterator[None]:
     """Unwritable, disk full, read-only file system: the user's problem, one line."""
@@ -152,5 +176,5 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_dir", "file_sha256", "check_output_file",
+__all__ = ["check_input_file", "atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_dir", "file_sha256", "check_output_file",
            "check_output_dir", "scratch_dir_beside", "os_errors_as_output_errors"]

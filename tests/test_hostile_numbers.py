@@ -62,3 +62,102 @@ def test_config_whose_rotary_frequencies_overflow_is_refused_at_load(ckpt, tmp_p
     # Before: exported, logits all NaN, and validation printed PASS.
     assert "rope_theta" in one_line_exit_2(run_cli("export", bad, "-o", tmp_path / "m.onnx"))
     assert (bad / "config.json").read_bytes() == before and not (tmp_path / "m.onnx").exists()
+
+
+# -- 5: every numeric option has a bounded type; overflow, inf, nan, negatives: one line, exit 2 --
+
+def _numeric_actions():
+    """(command, option, action) for every option of every subcommand that takes a value."""
+    import argparse
+
+    from msar_export.cli import build_parser
+
+    def walk(parser, prefix):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, f"{prefix} {name}".strip())
+            elif action.option_strings and action.nargs != 0:
+                yield prefix, action.option_strings[-1], action
+
+    return list(walk(build_parser(), ""))
+
+
+def test_no_numeric_option_parses_with_a_bare_int_or_float():
+    from msar_export.numbers import Kind
+
+    actions = _numeric_actions()
+    bare = [(c, o) for c, o, a in actions if a.type in (int, float)]
+    assert not bare, f"options with an unbounded int/float type: {bare}"
+    kinds = [(c, o, a.type) for c, o, a in actions if isinstance(a.type, Kind)]
+    assert len(kinds) >= 30  # the walk found them (a negative control for the assertion above)
+    for command, option, kind in kinds:
+        for text in ("inf", "nan", "-inf", "1e400", "9" * 30, "-1", "", "2**64", "1_0"):
+            if text == "-1" and kind.lo <= -1:
+                continue
+            try:
+                value = kind(text)
+            except Exception as e:
+                assert type(e).__name__ == "ArgumentTypeError", (command, option, text, e)
+            else:
+                raise AssertionError(f"{command} {option} accepted {text!r} as {value!r}")
+        assert kind(str(int(kind.lo) + 1) if kind.is_int else "1") is not None  # control: a sane value passes
+
+
+def test_thread_counts_are_bounded_by_the_machine():
+    from msar_export.numbers import THREADS, machine_threads
+
+    n = machine_threads()
+    assert THREADS(str(n)) == n
+    for bad in ("0", "-3", str(n + 1), "1000000"):
+        with pytest.raises(Exception, match="must be an integer"):
+            THREADS(bad)
+
+
+@pytest.mark.parametrize("args", [
+    ("train", "--threads", "0"), ("train", "--steps", "-5"), ("generate", "CKPT", "--seed", str(2**64)),
+    ("check", "CKPT", "--onnx", "M.onnx", "--seed", "-1"), ("onnx", "reference", "M.onnx", "--seed", "-1"),
+    ("build", "M.onnx", "-o", "E.plan", "--workspace-gb", "inf"),
+    ("build", "M.onnx", "-o", "E.plan", "--workspace-gb", "nan"),
+    ("build", "M.onnx", "-o", "E.plan", "--workspace-gb", "-1"),
+    ("generate", "--onnx", "M.onnx", "--threads", "1000000"),
+    ("loadtest", "--url", "http://127.0.0.1:99999"),
+    ("build", "M.onnx", "-o", "E.plan", "--profile", "batch=1/1/1e12"),
+    ("build", "M.onnx", "-o", "E.plan", "--profile", "seq=1/1/" + "9" * 21),
+    ("build", "M.onnx", "-o", "E.plan", "--profile", "seq=0/0/0"),
+    ("build", "M.onnx", "-o", "E.plan", "--plugins", "/dev/null"),
+    ("build", "M.onnx", "-o", "E.plan", "--plugins", "PLUGDIR"),
+])
+def test_numbers_and_plugin_paths_from_the_issue_give_one_line(args, ckpt, tmp_path):
+    model = tmp_path / "M.onnx"
+    model.write_bytes(b"not looked at: every case is refused before the model is read")
+    (tmp_path / "PLUGDIR").mkdir()
+    subst = {"CKPT": str(ckpt), "M.onnx": str(model), "E.plan": str(tmp_path / "E.plan"),
+             "PLUGDIR": str(tmp_path / "PLUGDIR")}
+    line = one_line_exit_2(run_cli(*[subst.get(a, a) for a in args], timeout=120))
+    assert "does not exist" not in line  # /dev/null and a directory exist: say what they are
+    if "--plugins" in args:
+        assert ("directory" if "PLUGDIR" in args else "not a regular file") in line
+    if "seq=0/0/0" in args:
+        assert "--profile seq" in line
+    assert not (tmp_path / "E.plan").exists() and model.read_bytes().startswith(b"not looked at")
+
+
+def test_build_reads_msar_config_max_seq_len_bounded(tmp_path):
+    from hostile_helpers import tiny_model
+
+    from msar_export.engines.onnx_info import read_onnx
+    from msar_export.errors import MsarError
+    import onnx
+
+    for text, ok in (('{"max_seq_len": 1e400}', False), ('{"max_seq_len": 1e30}', False),
+                     ('{"max_seq_len": 0}', False), ('{"max_seq_len": 64}', True)):
+        path = tiny_model(tmp_path / text.count("e").__str__() / text[-4:-1].strip(), "w.bin")
+        model = onnx.load(path, load_external_data=False)
+        onnx.helper.set_model_props(model, {"msar.config": text})
+        onnx.save(model, path)
+        if ok:  # control
+            assert read_onnx(path).max_seq_len == 64
+        else:
+            with pytest.raises(MsarError, match="max_seq_len"):
+                read_onnx(path)

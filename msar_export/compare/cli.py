@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
+from ..numbers import POSITIVE, SEED
 from ..verdict import MULTIPLE
 from ..cli_common import add_dtype, add_plugins, add_shapes, add_trust_pickle
 
@@ -35,9 +36,9 @@ def register(subparsers) -> None:
     add_dtype(p, None, "precision TensorRT runs in (an engine built with --fp16: float16); its bounds come from "
                         "the eager model at that precision. Default and floor: the graph's msar.dtype, which "
                         "ONNX Runtime is always judged at")
-    p.add_argument("--tol", type=float, default=None, help="one fixed tolerance for every output instead of the verdict bounds (same metric)")
+    p.add_argument("--tol", type=POSITIVE, default=None, help="one fixed tolerance for every output instead of the verdict bounds (same metric)")
     add_shapes(p, "1x(kmax+5),2x37,3x64 within max_seq_len")
-    p.add_argument("--seed", type=int, default=0, help="seed of the token batches")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the token batches")
     p.add_argument("--report", metavar="DIR", help="write parity.json, parity.png, summary.txt and the golden files "
                                                    "inputs.json / golden.json (Polygraphy formats) here")
     add_trust_pickle(p)

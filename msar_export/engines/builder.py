@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BackendUnavailable, InputError, OnnxModelError
+from ..fileio import check_input_file
 from .backends import _cc, check_compute_capabilities, get_backend, import_backend, parse_compute_capabilities
 from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
 from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.engines.builder.make_logger)
@@ -119,8 +120,7 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
         raise OnnxModelError(f"ONNX file {onnx_path} does not exist")
     libs = [Path(p).resolve() for p in plugin_libs]
     for lib in libs:
-        if not lib.is_file():
-            raise InputError(f"plugin library {lib} does not exist; build it with cmake (docs/tensorrt.md)")
+        check_input_file(lib, "--plugins: plugin library")  # build it with cmake (docs/tensorrt.md)
     if out_plan.resolve() == onnx_path.resolve():
         raise InputError("the engine path is the ONNX path; choose another -o")
     if isinstance(shapes, (str, list)):

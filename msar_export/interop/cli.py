@@ -5,6 +5,8 @@ Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
 
 from __future__ import annotations
 
+from ..numbers import BATCH, COUNT, OPSET, SEED
+
 DESCRIPTION = """Run standard ONNX tools on an msar-export file without losing its msar
 functions. convert-opset: onnx.version_converter for the graph and every
 function body (the converter alone drops them). sanitize: polygraphy surgeon
@@ -121,7 +123,7 @@ def register(subparsers) -> None:
     c = sub.add_parser("convert-opset", help="onnx.version_converter, function bodies converted and kept")
     c.add_argument("onnx")
     c.add_argument("-o", "--output", required=True)
-    c.add_argument("--opset", type=int, required=True, help="target default-domain opset (upgrades: 18 -> 19..23)")
+    c.add_argument("--opset", type=OPSET, required=True, help="target default-domain opset (upgrades: 18 -> 19..23)")
     c.set_defaults(func=cmd_convert_opset)
     s = sub.add_parser("sanitize", help="polygraphy surgeon sanitize, function overloads kept")
     s.add_argument("onnx")
@@ -135,8 +137,8 @@ def register(subparsers) -> None:
     r.set_defaults(func=cmd_repair)
     e = sub.add_parser("reference", help="run onnx's ReferenceEvaluator with each node's own overload")
     e.add_argument("onnx")
-    e.add_argument("--batch", type=int, default=2)
-    e.add_argument("--seq", type=int, default=7)
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--batch", type=BATCH, default=2)
+    e.add_argument("--seq", type=COUNT, default=7)
+    e.add_argument("--seed", type=SEED, default=0)
     e.add_argument("--save", metavar="NPY", help="write the logits (float32 .npy)")
     e.set_defaults(func=cmd_reference)

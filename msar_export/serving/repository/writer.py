@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from ...errors import EngineError, InputError, OnnxModelError, OutputError, first_line
-from ...fileio import atomic_dir, check_output_dir, file_sha256
+from ...fileio import atomic_dir, check_input_file, check_output_dir, file_sha256
 from ...graph_spec import INPUT_IDS, LOGITS
 from ...untrusted import contained
 from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
@@ -184,8 +184,7 @@ def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str
     name = _model_name(name, model)
     plugins = [Path(p) for p in plugins]
     for p in plugins:
-        if not p.is_file():
-            raise InputError(f"--plugins: {p}: no such file (give the built plugin library, e.g. libmsar_plugins.so)")
+        check_input_file(p, "--plugins: plugin library")
     if model.suffix.lower() == ".onnx":
         if plugins:
             raise InputError("--plugins is for TensorRT engines; an ONNX model runs on stock ONNX Runtime")
