@@ -49,16 +49,17 @@ def register(subparsers) -> None:
 def cmd_check(a) -> int:
     from .inputs import parse_shapes
     from .parity import CheckOptions, check_parity
-    from .report import print_report, write_report
+    from .report import print_report, report_targets, write_report
 
     shapes = parse_shapes(a.shapes) if a.shapes is not None else None
-    if a.report and Path(a.report).exists() and not Path(a.report).is_dir():
-        raise InputError(f"--report {a.report}: exists and is not a directory")  # before the slow part
+    inputs = [a.checkpoint, a.onnx, a.engine, *a.plugins]
+    if a.report:
+        report_targets(a.report, inputs)  # the whole output set, before the slow part
     opts = CheckOptions(engine=a.engine, plugins=tuple(a.plugins), dtype=a.dtype, tol=a.tol, shapes=shapes,
                         seed=a.seed, tensorrt=not a.no_trt, trust_pickle=a.trust_pickle, verbose=a.verbose)
     result = check_parity(a.checkpoint, a.onnx, opts,
                           progress=lambda msg: print(f"msar-export check: {msg}", file=sys.stderr, flush=True))
-    print_report(result, polygraphy_cmd=write_report(result, a.report) if a.report else None)
+    print_report(result, polygraphy_cmd=write_report(result, a.report, inputs) if a.report else None)
     if a.report:
         print(f"report: {a.report}/ (parity.json, parity.png, summary.txt, inputs.json, golden.json)")
     return result.exit_code

@@ -20,8 +20,9 @@ compare with ONNX Runtime."""
 def _rewrite(a, transform):
     """Load a.onnx with its weights, transform it, and write the result to a.output
     (only if ONNX Runtime loads it; external data kept external).  Returns (input, output)."""
-    from .files import load_whole, save_whole
+    from .files import check_rewrite_outputs, load_whole, save_whole
 
+    check_rewrite_outputs(a.onnx, a.output, getattr(a, "functions_from", None))
     model, external = load_whole(a.onnx)
     n_in = len(model.graph.node)
     out = transform(model)
@@ -71,12 +72,15 @@ def cmd_reference(a) -> int:
 
     from ..errors import InputError
     from ..verdict import rel_err
-    from .files import load_whole
+    from ..fileio import check_outputs
+    from .files import inputs_of, load_whole
     from .reference import reference_evaluator
     from .run import seeded_feeds
 
     if not (1 <= a.batch <= 64 and 1 <= a.seq <= 4096):
         raise InputError("--batch must be 1..64 and --seq 1..4096")
+    inputs = inputs_of(a.onnx)
+    check_outputs([a.save], inputs)  # --save onto the model once replaced it with a .npy
     model, _ = load_whole(a.onnx)
     feeds = seeded_feeds(model, a.batch, a.seq, a.seed)
     with np.errstate(over="ignore"):  # the reference Sigmoid overflows exp() on large logits, correctly
@@ -88,7 +92,7 @@ def cmd_reference(a) -> int:
     if a.save:
         from ..fileio import atomic_path
 
-        with atomic_path(a.save) as tmp, open(tmp, "wb") as f:
+        with atomic_path(a.save, inputs) as tmp, open(tmp, "wb") as f:
             np.save(f, ref.astype(np.float32))
     return 0 if np.isfinite(ref).all() else 1
 
