@@ -161,3 +161,38 @@ def test_build_reads_msar_config_max_seq_len_bounded(tmp_path):
         else:
             with pytest.raises(MsarError, match="max_seq_len"):
                 read_onnx(path)
+
+
+# -- 3: products of config values are bounded: no table sized by max_seq_len ----------------------
+
+def test_rotary_terms_from_two_small_tables_equal_the_direct_angles():
+    import math
+
+    import torch
+
+    from msar_export.model.layers import rotary_cos_sin, rotary_table
+
+    for n, hd in ((512, 32), (1000, 8), (1, 4)):
+        coarse, fine = rotary_table(n, hd, 10000.0, torch.float64, "cpu")
+        assert coarse.shape[0] * fine.shape[0] >= n and coarse.shape[0] + fine.shape[0] <= 2 * math.isqrt(n) + 3
+        pos = torch.arange(n)[None]
+        cos, sin = rotary_cos_sin(pos, (coarse, fine))
+        ang = pos[0, :, None].double() * 10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        assert torch.allclose(cos[0, 0, :, : hd // 2], torch.cos(ang), atol=1e-12)
+        assert torch.allclose(sin[0, 0, :, hd // 2:], torch.sin(ang), atol=1e-12)
+        # negative control: a shifted position is not the same angle
+        assert n < 3 or not torch.allclose(cos[0, 0, 1:, : hd // 2], torch.cos(ang[:-1]), atol=1e-6)
+    coarse, fine = rotary_table(1 << 24, 64, 10000.0, torch.float32, "cpu")
+    assert coarse.numel() + fine.numel() <= 2 * 4096 * 64  # before: 2**24 x 64 float64 = 8.6 GB
+
+
+def test_export_size_does_not_grow_with_max_seq_len(tmp_path):
+    small = make_checkpoint(tmp_path / "s", seed=1, n_blocks=1, max_seq_len=64)[0]
+    huge = make_checkpoint(tmp_path / "h", seed=1, n_blocks=1, max_seq_len=1 << 24)[0]
+    sizes = []
+    for c in (small, huge):
+        r = run_cli("export", c, "-o", tmp_path / f"{c.name}.onnx", "--no-validate", timeout=600)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+        sizes.append((tmp_path / f"{c.name}.onnx").stat().st_size)
+    # before: the 2**24-position table made the file 537 MB (here: 2**24 x head_dim x 4 bytes)
+    assert sizes[1] < sizes[0] + 4 * 2 * 4096 * 64, sizes
