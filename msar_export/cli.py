@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .cli_common import Parser, add_dtype, add_ort_ops, add_plugins, add_trust_pickle, run_command  # noqa: F401  (run_command, Parser: also used through msar_export.cli)
 from .errors import InputError
+from .numbers import COUNT, OPSET, POSITIVE, SEED, SIZE, THREADS, machine_threads
 
 
 # Modules that add their own subcommands: each has `register(subparsers)`,
@@ -105,9 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train the default byte-level models (msar, standard, attnres) on stdlib sources")
     t.add_argument("-o", "--out", default="runs/default", help="output directory (one checkpoint per kind)")
-    t.add_argument("--steps", type=int, default=None, help="optimizer steps (default: TrainSettings.steps, 300)")
-    t.add_argument("--seed", type=int, default=1234)
-    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--steps", type=COUNT, default=None, help="optimizer steps (default: TrainSettings.steps, 300)")
+    t.add_argument("--seed", type=SEED, default=1234)
+    t.add_argument("--threads", type=THREADS, default=min(2, machine_threads()))
     t.add_argument("--kinds", default="msar,standard,attnres", help="comma-separated residual kinds")
     t.set_defaults(func=cmd_train)
 
@@ -117,12 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--engine", metavar="MODEL.plan", help="TensorRT engine of the --onnx decode graph (runs it instead)")
     add_plugins(g, "plugin libraries the engine needs")
     g.add_argument("--prompt", default="def ")
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--max-new-tokens", type=SIZE, default=64)
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--threads", type=int, default=None,
+    g.add_argument("--temperature", type=POSITIVE, default=1.0)
+    g.add_argument("--top-k", type=COUNT, default=None)
+    g.add_argument("--seed", type=SEED, default=0)
+    g.add_argument("--threads", type=THREADS, default=None,
                    help="ONNX Runtime threads (default: runners.ort_runner.THREADS['generate'])")
     add_ort_ops(g)
     add_trust_pickle(g)
@@ -136,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dtype(e, "float32", "weight dtype; a float32 checkpoint is converted tensor by tensor as it is read")
     e.add_argument("--external-data", action="store_true",
                    help="weights in OUTPUT.data beside the .onnx file (always so over protobuf's 2 GB limit)")
-    e.add_argument("--opset", type=int, default=18)
+    e.add_argument("--opset", type=OPSET, default=18)
     e.add_argument("--mixer-op", choices=("fused", "retrieval"), default="fused",
                    help="msar prefill: FusedMixer nodes (TensorRT plugin path) or shared views + DepthRetrieval "
                         "nodes (faster in ONNX Runtime)")

@@ -99,6 +99,16 @@ class MSARConfig:
         need(self.d_model % self.n_heads == 0, f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
         need(self.n_heads % self.n_kv_heads == 0, f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
         need(self.head_dim % 2 == 0, f"head_dim={self.head_dim} (d_model/n_heads) must be even for rotary embeddings")
+        # Each value above can be legal alone and still overflow what is derived from them:
+        # rope_theta 5e-324 makes inv_freq = theta^(-2j/head_dim) infinite, every logit NaN.
+        try:
+            fastest = self.rope_theta ** (-(self.head_dim - 2) / self.head_dim)
+            largest_angle = fastest * (self.max_seq_len - 1)
+        except OverflowError:  # Python floats raise where numpy would give inf
+            fastest = largest_angle = math.inf
+        need(math.isfinite(largest_angle) and fastest > 0,
+             f"rope_theta={self.rope_theta!r} gives rotary frequencies that overflow (theta^(-2j/head_dim) with "
+             f"head_dim={self.head_dim} must stay finite over {self.max_seq_len:,} positions)")
 
     # -- (de)serialisation -----------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

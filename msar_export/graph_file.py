@@ -44,6 +44,19 @@ def _external_entries(model):
             yield init.name, {e.key: e.value for e in init.external_data}
 
 
+def inputs_of(path) -> list[Path]:
+    """The model file and every external-data file it names: what no command's output may
+    overwrite (fileio.check_outputs).  An unreadable file gives just itself: whoever reads
+    it next says why, in one line."""
+    import onnx
+
+    path = Path(path)
+    try:
+        return [path, *external_data_files(onnx.load(str(path), load_external_data=False), path).values()]
+    except Exception:
+        return [path]
+
+
 def external_data_files(model, path: str | os.PathLike, skip: str | None = None) -> dict[str, Path]:
     """{location as written in the model: real path} of each external-data file, checked:
     relative, inside the model's folder after symlinks, a regular file with one link,

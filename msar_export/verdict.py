@@ -23,6 +23,7 @@ moves the logits by ~1e-3 relative, 30-100x the bar at 12-16 blocks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,11 +47,12 @@ SAME_GRAPH = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
 
 def rel_err(got, ref) -> float:
-    """max |got - ref| / max |ref| in float64; inf when `got` has a NaN or Inf."""
+    """max |got - ref| / max |ref| in float64; inf when `got` or `ref` has a NaN or Inf
+    (a NaN reference is no reference: nothing can be judged close to it)."""
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     if got.shape != ref.shape:
         raise ValueError(f"shapes differ: {got.shape} vs reference {ref.shape}")
-    if not np.isfinite(got).all():
+    if not (np.isfinite(got).all() and np.isfinite(ref).all()):
         return float("inf")
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
 
@@ -58,6 +60,18 @@ def rel_err(got, ref) -> float:
 def bound(eager_error: float, precision: str) -> float:
     """The largest error against float64 that a backend at `precision` may have."""
     return MULTIPLE * eager_error + FLOOR[precision]
+
+
+def within(error, limit) -> bool:
+    """The one pass test of every comparison: `error <= limit` with both finite.
+
+    An infinite bound comes from a reference that is itself NaN or Inf (the eager
+    model overflowed); `inf <= inf` would call an all-NaN output a pass."""
+    try:
+        error, limit = float(error), float(limit)
+    except (TypeError, ValueError):  # None: the output was missing or not comparable
+        return False
+    return math.isfinite(error) and math.isfinite(limit) and error <= limit
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,7 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
-        return self.error <= self.bound  # False for inf / NaN
+        return within(self.error, self.bound)
 
     def describe(self, backend: str = "backend") -> str:
         return (f"{backend} vs float64 {self.error:.2e}, eager {self.precision} vs float64 {self.eager_error:.2e}, "

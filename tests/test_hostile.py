@@ -171,7 +171,7 @@ def test_bad_generation_settings(tmp_path):
         with pytest.raises(InputError, match=want):
             check_sampling(True, temperature, top_k)
     ckpt = REPO / "checkpoints" / "default" / "msar"
-    for args, want in ((["--max-new-tokens", "-1"], "max_new_tokens"), (["--prompt", b"\xff\xfe"], "UTF-8")):
+    for args, want in ((["--max-new-tokens", "-1"], "max-new-tokens"), (["--prompt", b"\xff\xfe"], "UTF-8")):
         assert want in one_line_exit_2(run_cli("generate", ckpt, "--max-new-tokens", "2", *args)), args
     assert "temperature" in one_line_exit_2(run_cli("generate", ckpt, "--sample", "--temperature", "nan"))
 

@@ -316,6 +316,29 @@ def test_overflow_requests_never_reach_triton_and_serving_goes_on(served, triton
     assert http_get(f"{url}/v2/health/ready")[0] == 200 and served["proc"].poll() is None
 
 
+def test_bypass_forms_never_reach_triton_and_serving_goes_on(served, triton, graphs, refs):
+    """Issue 22: duplicate JSON keys (Python read the last 'shape', Triton the first: the server
+    died), an absolute-form target, Triton's generate endpoints, shared-memory registration and
+    outputs, model unload; gRPC shared-memory outputs and unserved models.  Each refused by the
+    front, then a good request is answered right on a still-ready server."""
+    from msar_export.serving.load.hostile import HTTP_CASES, send_http
+    from msar_export.serving.triton.server import http_get
+
+    url, good = served["http"], ids_of(graphs["cfg"], 12, 7)
+    for k in range(len(HTTP_CASES)):
+        refused, what = send_http(url, k)
+        assert refused, what
+    proc = subprocess.run([str(triton.python), "-c", "import sys; from msar_export.serving.load.hostile import "
+                           "grpc_cases, send_grpc; r = [send_grpc(sys.argv[1], k) for k in range(len(grpc_cases()))]; "
+                           "print(r); sys.exit(0 if all(ok for ok, _ in r) else 1)",
+                           served["grpc"].removeprefix("grpc://")], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, body = infer_json(url, "logits", logits_request(good))
+    assert code == 200 and rel_err(output(body), refs[0].logits(good)) <= 1e-4, body
+    assert http_get(f"{url}/v2/health/ready")[0] == 200 and served["proc"].poll() is None
+
+
 @pytest.mark.slow  # kills a backend stub and waits for the server to stop
 def test_a_dead_stub_stops_the_server_with_one_line(triton, graphs, tmp_path):
     """Behind the front the stub cannot be killed by a request; here it is, through Triton's

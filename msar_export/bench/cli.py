@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..numbers import MPARAMS, SIZE, THREADS, machine_threads
+
 
 def cmd_bench(a) -> int:
     import json
@@ -93,11 +95,11 @@ def cmd_bench(a) -> int:
 def register(sub) -> None:
     b = sub.add_parser("bench", help="benchmark eager / torch.compile / ONNX Runtime (/ TensorRT) for all residual kinds")
     b.add_argument("-o", "--out", default="runs/bench", help="directory for results.json and chart.png")
-    b.add_argument("--threads", type=int, default=2)
-    b.add_argument("--repeats", type=int, default=0, help="timed runs per backend (default 5)")
+    b.add_argument("--threads", type=THREADS, default=min(2, machine_threads()))
+    b.add_argument("--repeats", type=SIZE, default=0, help="timed runs per backend (default 5)")
     b.add_argument("--quick", action="store_true", help="tiny model and shapes (a smoke run)")
     b.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    b.add_argument("--export-probe", type=float, default=0, metavar="MPARAMS",
+    b.add_argument("--export-probe", type=MPARAMS, default=0, metavar="MPARAMS",
                    help="also export a checkpoint of about this many million parameters (time, peak RSS)")
     b.add_argument("--update-readme", metavar="README", help="rewrite the README's bench table from this run")
     b.add_argument("--mixer", action="store_true",

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
+from ..numbers import POSITIVE, SEED
 from ..verdict import MULTIPLE
 from ..cli_common import add_dtype, add_ort_ops, add_plugins, add_shapes, add_trust_pickle
 
@@ -35,9 +36,9 @@ def register(subparsers) -> None:
     add_dtype(p, None, "precision TensorRT runs in (an engine built with --fp16: float16); its bounds come from "
                         "the eager model at that precision. Default and floor: the graph's msar.dtype, which "
                         "ONNX Runtime is always judged at")
-    p.add_argument("--tol", type=float, default=None, help="one fixed tolerance for every output instead of the verdict bounds (same metric)")
+    p.add_argument("--tol", type=POSITIVE, default=None, help="one fixed tolerance for every output instead of the verdict bounds (same metric)")
     add_shapes(p, "1x(kmax+5),2x37,3x64 within max_seq_len")
-    p.add_argument("--seed", type=int, default=0, help="seed of the token batches")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the token batches")
     p.add_argument("--report", metavar="DIR", help="write parity.json, parity.png, summary.txt and the golden files "
                                                    "inputs.json / golden.json (Polygraphy formats) here")
     add_ort_ops(p, extra=("both",))  # both: the native kernels and the function bodies, side by side
@@ -49,17 +50,18 @@ def register(subparsers) -> None:
 def cmd_check(a) -> int:
     from .inputs import parse_shapes
     from .parity import CheckOptions, check_parity
-    from .report import print_report, write_report
+    from .report import print_report, report_targets, write_report
 
     shapes = parse_shapes(a.shapes) if a.shapes is not None else None
-    if a.report and Path(a.report).exists() and not Path(a.report).is_dir():
-        raise InputError(f"--report {a.report}: exists and is not a directory")  # before the slow part
+    inputs = [a.checkpoint, a.onnx, a.engine, *a.plugins]
+    if a.report:
+        report_targets(a.report, inputs)  # the whole output set, before the slow part
     opts = CheckOptions(engine=a.engine, plugins=tuple(a.plugins), dtype=a.dtype, tol=a.tol, shapes=shapes,
                         seed=a.seed, tensorrt=not a.no_trt, trust_pickle=a.trust_pickle, verbose=a.verbose,
                         ort_ops=("native", "function") if a.ort_ops == "both" else (a.ort_ops,))
     result = check_parity(a.checkpoint, a.onnx, opts,
                           progress=lambda msg: print(f"msar-export check: {msg}", file=sys.stderr, flush=True))
-    print_report(result, polygraphy_cmd=write_report(result, a.report) if a.report else None)
+    print_report(result, polygraphy_cmd=write_report(result, a.report, inputs) if a.report else None)
     if a.report:
         print(f"report: {a.report}/ (parity.json, parity.png, summary.txt, inputs.json, golden.json)")
     return result.exit_code

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import InputError, MsarError
 from ..graph_spec import INPUT_IDS, LOGITS
 from ..runners.common import layer_order, output_names, quiet_polygraphy
+from ..verdict import within
 from .inputs import check_shapes, decode_batches, default_shapes, token_batches
 from .preflight import GraphInfo, check_engine_path, inspect_onnx
 from .result import REFERENCE, BackendResult, LayerResult, ParityResult, reference_scales, to_f64
@@ -121,7 +122,7 @@ def compare_backend(ref_iters, got_iters, names, tol: Tolerance, backend: str, p
         if finite and not reason:
             lr.max_abs, lr.max_rel = max_abs, max_rel
             lr.error = max_abs / scales[n] if scales[n] > 0 else (0.0 if max_abs == 0 else float("inf"))
-        ok = finite and not reason and lr.error <= lr.tolerance and verdicts.get(n, False)
+        ok = finite and not reason and within(lr.error, lr.tolerance) and verdicts.get(n, False)
         if not ok:
             lr.status = "fail"
             lr.reason = reason or ("NaN or Inf in the output" if not finite else

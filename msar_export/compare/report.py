@@ -4,7 +4,6 @@ re-checks the ONNX graph by hand.  Every file is written atomically."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
@@ -12,7 +11,7 @@ import os
 import shlex
 from pathlib import Path
 
-from ..fileio import atomic_path
+from ..fileio import atomic_paths, check_outputs
 from ..graph_spec import LOGITS
 from ..runners.common import layer_index, quiet_polygraphy
 from .result import REFERENCE, ParityResult, reference_scales, suspect
@@ -181,8 +180,7 @@ def write_plot(result: ParityResult, path: str | os.PathLike) -> None:
     if drawn:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    with _atomic(Path(path)) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
+    fig.savefig(path, format="png", dpi=100)  # the caller's temp file (write_report)
     plt.close(fig)
 
 
@@ -202,41 +200,33 @@ def polygraphy_command(result: ParityResult, inputs_path, golden_path) -> str:
                      "--check-error-stat", "max", "--rtol", "0", "--atol", *atols])
 
 
-def write_report(result: ParityResult, report_dir: str | os.PathLike) -> str:
-    """inputs.json + golden.json (Polygraphy formats), parity.json, parity.png, summary.txt;
-    returns the `polygraphy run` command that reproduces the ONNX check from them."""
+def report_targets(report_dir, inputs=()) -> list[Path]:
+    """The report's five files, checked as one output set (fileio.check_outputs): the folder
+    must be a real directory (a symlink to another folder is refused) and no file may be an
+    input of the check."""
+    out = Path(report_dir)
+    targets = [out / n for n in (INPUTS_NAME, GOLDEN_NAME, JSON_NAME, PLOT_NAME, SUMMARY_NAME)]
+    check_outputs(targets, inputs, directories=[out])
+    return targets
+
+
+def write_report(result: ParityResult, report_dir: str | os.PathLike, inputs=()) -> str:
+    """inputs.json + golden.json (Polygraphy formats), parity.json, parity.png, summary.txt,
+    written to temporaries and renamed into place together (a failure leaves the old report
+    whole); returns the `polygraphy run` command that reproduces the ONNX check from them."""
     from polygraphy.json import save_json
     from rich.console import Console
 
-    out = Path(report_dir)
-    if out.exists() and not out.is_dir():
-        from ..errors import InputError
-
-        raise InputError(f"--report {out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    inputs, golden = out / INPUTS_NAME, out / GOLDEN_NAME
-    with quiet_polygraphy():
-        with _atomic(inputs) as tmp:
-            save_json(list(result.feeds), str(tmp), description="parity-check input feeds")
-        with _atomic(golden) as tmp:
-            save_json(result.golden, str(tmp), description=f"{REFERENCE} golden outputs")
-    command = polygraphy_command(result, inputs, golden)
-    with _atomic(out / JSON_NAME) as tmp:
-        tmp.write_text(json.dumps(to_json_dict(result, command), indent=2) + "\n", encoding="utf-8")
-    write_plot(result, out / PLOT_NAME)
-    buf = io.StringIO()
-    print_report(result, Console(file=buf, width=140, no_color=True, force_terminal=False), command)
-    with _atomic(out / SUMMARY_NAME) as tmp:
-        tmp.write_text(buf.getvalue(), encoding="utf-8")
+    targets = report_targets(report_dir, inputs)
+    inputs_path, golden_path = targets[0], targets[1]
+    with atomic_paths(targets, inputs) as (t_inputs, t_golden, t_json, t_plot, t_summary):
+        with quiet_polygraphy():
+            save_json(list(result.feeds), str(t_inputs), description="parity-check input feeds")
+            save_json(result.golden, str(t_golden), description=f"{REFERENCE} golden outputs")
+        command = polygraphy_command(result, inputs_path, golden_path)
+        t_json.write_text(json.dumps(to_json_dict(result, command), indent=2) + "\n", encoding="utf-8")
+        write_plot(result, t_plot)
+        buf = io.StringIO()
+        print_report(result, Console(file=buf, width=140, no_color=True, force_terminal=False), command)
+        t_summary.write_text(buf.getvalue(), encoding="utf-8")
     return command
-
-
-@contextlib.contextmanager
-def _atomic(target: Path):
-    """fileio.atomic_path (temp file beside the target, then rename) with the
-    permissions an ordinary file would get (mkstemp creates it 0600)."""
-    with atomic_path(target) as tmp:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)

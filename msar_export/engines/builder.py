@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BackendUnavailable, InputError, OnnxModelError
+from ..fileio import check_input_file, check_outputs
+from ..graph_file import inputs_of
 from .backends import _cc, check_compute_capabilities, get_backend, import_backend, parse_compute_capabilities
 from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
 from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.engines.builder.make_logger)
-from .metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
+from .metadata import EngineMetadata, FileRecord, metadata_path, read_metadata
 from .onnx_info import OnnxInfo, read_onnx
 from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_profile
 
@@ -119,10 +121,10 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
         raise OnnxModelError(f"ONNX file {onnx_path} does not exist")
     libs = [Path(p).resolve() for p in plugin_libs]
     for lib in libs:
-        if not lib.is_file():
-            raise InputError(f"plugin library {lib} does not exist; build it with cmake (docs/tensorrt.md)")
-    if out_plan.resolve() == onnx_path.resolve():
-        raise InputError("the engine path is the ONNX path; choose another -o")
+        check_input_file(lib, "--plugins: plugin library")  # build it with cmake (docs/tensorrt.md)
+    # The whole output set, before parsing or building: plan, metadata and timing cache are each
+    # a new or regular file, none of them the ONNX model or a plugin (the cache once replaced the model).
+    check_outputs([out_plan, metadata_path(out_plan), timing_cache], [*inputs_of(onnx_path), *libs])
     if isinstance(shapes, (str, list)):
         parse_profile(shapes)  # user errors before the slow parts
     targets = parse_compute_capabilities(compute_capabilities)
@@ -148,18 +150,22 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
                           compute_capabilities=targets)
     say(f"parsing {onnx_path} ({info.graph}, {dtype}) and building the engine with {get_backend(backend).label} "
         f"{trt.__version__}")
-    built = SaveEngine(EngineFromNetwork(network, config), out_plan, cache)()
     from .. import __version__
 
+    def describe(built, plan_sha256: str) -> str:
+        ins = built.inspection
+        return EngineMetadata(
+            tensorrt_version=trt.__version__, dtype=dtype, onnx=FileRecord.of(onnx_path),
+            plugins=[FileRecord.of(lib) for lib in libs], plan_sha256=plan_sha256, profiles=profiles,
+            shapes={k: ranges[k].as_list() for k in DIM_NAMES if k in ranges},
+            builder={"msar_export": __version__, "graph": info.graph, "plugin_layers": len(ins.plugin_layers),
+                     "backend": backend, "tf32": bool(tf32), "compute_capabilities": targets,
+                     "strongly_typed": True, "inspection": ins.summary(),
+                     "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).to_json()
+
+    built = SaveEngine(EngineFromNetwork(network, config), out_plan, cache, describe, metadata_path(out_plan),
+                       [*inputs_of(onnx_path), *libs])()
     ins = built.inspection
-    meta = EngineMetadata(
-        tensorrt_version=trt.__version__, dtype=dtype, onnx=FileRecord.of(onnx_path),
-        plugins=[FileRecord.of(lib) for lib in libs], plan_sha256=sha256_file(out_plan), profiles=profiles,
-        shapes={k: ranges[k].as_list() for k in DIM_NAMES if k in ranges},
-        builder={"msar_export": __version__, "graph": info.graph, "plugin_layers": len(ins.plugin_layers),
-                 "backend": backend, "tf32": bool(tf32), "compute_capabilities": targets,
-                 "strongly_typed": True, "inspection": ins.summary(),
-                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    write_metadata(out_plan, meta)
+    meta = read_metadata(out_plan)
     return BuildReport(out_plan, metadata_path(out_plan), len(built.plan), time.perf_counter() - t0,
                        len(ins.plugin_layers), meta, ins)

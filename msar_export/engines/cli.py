@@ -5,6 +5,7 @@ Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
 from __future__ import annotations
 
 from ..cli_common import add_dtype, add_plugins
+from ..numbers import GIB
 
 DESCRIPTION = """Build a TensorRT engine from an ONNX file made by `msar-export export`.
 The network is strongly typed, so the precision is the ONNX file's (export with
@@ -44,6 +45,6 @@ def register(subparsers) -> None:
     p.add_argument("--tf32", action="store_true",
                    help="allow TF32 in float32 matmuls (off by default: float32 engines compute in float32)")
     p.add_argument("--timing-cache", metavar="FILE", help="TensorRT timing cache: read if present, then updated")
-    p.add_argument("--workspace-gb", type=float, default=None, help="builder workspace limit in GiB")
+    p.add_argument("--workspace-gb", type=GIB, default=None, help="builder workspace limit in GiB")
     p.add_argument("--verbose", action="store_true", help="print TensorRT's info and verbose log")
     p.set_defaults(func=cmd_build)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..errors import EngineError
 from ..export.contracts import PLUGIN_NAMESPACE, PLUGIN_VERSION
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_paths
 from .backends import apply_compute_capabilities, module_backend, prepare_rtx_parser
 from .onnx_info import OnnxInfo
 
@@ -308,14 +308,25 @@ class EngineFromNetwork:
 
 
 class SaveEngine:
-    """Write the plan atomically (and the updated timing cache when there is one)."""
+    """Write the plan, its metadata file (`describe(built, plan_sha256)` gives the text) and the
+    updated timing cache as one output set: temporaries renamed into place together, so a
+    failure on one (a FIFO, a directory) leaves every old file as it was."""
 
-    def __init__(self, engine: EngineFromNetwork, path: Path, timing_cache: Path | None = None):
+    def __init__(self, engine: EngineFromNetwork, path: Path, timing_cache: Path | None = None,
+                 describe=None, meta_path: Path | None = None, inputs=()):
         self.engine_loader, self.path, self.timing_cache = engine, Path(path), timing_cache
+        self.describe, self.meta_path, self.inputs = describe, meta_path, list(inputs)
 
     def __call__(self) -> BuiltEngine:
+        import hashlib
+
         built = self.engine_loader()
-        atomic_write_bytes(self.path, built.plan)
+        files = {self.path: built.plan}
+        if self.describe is not None:
+            files[self.meta_path] = self.describe(built, hashlib.sha256(built.plan).hexdigest()).encode()
         if self.timing_cache is not None:
-            atomic_write_bytes(self.timing_cache, bytes(memoryview(built.config.get_timing_cache().serialize())))
+            files[self.timing_cache] = bytes(memoryview(built.config.get_timing_cache().serialize()))
+        with atomic_paths(list(files), self.inputs) as tmps:
+            for tmp, data in zip(tmps, files.values()):
+                tmp.write_bytes(data)
         return built

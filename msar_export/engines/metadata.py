@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import EngineError
-from ..fileio import atomic_write_text, file_sha256
+from ..fileio import atomic_write_text, check_input_file, file_sha256
 
 METADATA_FORMAT = 1
 _INSTALLED = "installed"
@@ -113,8 +113,7 @@ def verify_engine_metadata(plan: str | os.PathLike, onnx_path: str | os.PathLike
                         f"{_short(meta.onnx.sha256)}; {Path(onnx_path).name} is {_short(onnx_sha)})")
 
     for lib in plugin_libs:
-        if not Path(lib).is_file():
-            raise EngineError(f"plugin library {lib} does not exist")
+        check_input_file(lib, "plugin library", EngineError)
     given = {sha256_file(lib): str(lib) for lib in plugin_libs}
     recorded = {p.sha256: p.path for p in meta.plugins}
     for sha, path in given.items():

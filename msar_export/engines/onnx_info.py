@@ -19,10 +19,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import LIMITS
 from ..errors import OnnxModelError
 from ..export.contracts import DOMAIN
 from ..graph_file import ExportedGraph
 from ..graph_spec import META_CONFIG
+from ..numbers import integer
 
 
 @dataclass
@@ -42,9 +44,12 @@ def read_onnx(path: str | os.PathLike) -> OnnxInfo:
     graph = ExportedGraph.open(path, weights=True)
     max_seq_len = 512  # the profile's default; msar.config is read leniently (only this field is needed)
     try:
-        max_seq_len = int(json.loads(graph.metadata.get(META_CONFIG, "{}")).get("max_seq_len", max_seq_len))
+        found = json.loads(graph.metadata.get(META_CONFIG, "{}")).get("max_seq_len", max_seq_len)
     except (ValueError, TypeError, AttributeError, RecursionError):
-        pass
+        found = max_seq_len
+    # Lenient about the rest, never about the size the profile is built from: 1e400 (= inf)
+    # overflowed int(), 1e30 became a profile TensorRT cannot hold.
+    max_seq_len = integer(found, 1, LIMITS["max_seq_len"], f"{path}: msar.config max_seq_len")
 
     inputs = []
     for v in graph.inputs:

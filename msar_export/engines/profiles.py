@@ -11,9 +11,12 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ..config import LIMITS
 from ..errors import InputError, OnnxModelError
+from ..numbers import integer
 
 DIM_NAMES = ("batch", "seq", "past")
+MAX_DIM = LIMITS["max_seq_len"]  # no named dim of an msar graph can need more
 
 
 @dataclass(frozen=True)
@@ -58,12 +61,12 @@ def parse_profile(specs: str | list[str] | None) -> dict[str, DimRange]:
                 raise InputError(f"--profile: bad item {item!r}; use DIM=MIN/OPT/MAX with DIM in {', '.join(DIM_NAMES)}, "
                                  f"e.g. batch=1/4/8,seq=1/128/512")
             parts = rng.split("/")
-            try:
-                values = [int(p) for p in parts]
-            except ValueError:
-                values = []
-            if len(values) != 3:
+            if len(parts) != 3:
                 raise InputError(f"--profile: {item!r} needs three integers MIN/OPT/MAX, e.g. {name}=1/4/8")
+            # batch and seq of 0 build an engine that takes no input; past may be empty.
+            # Bounded so products of dims stay within TensorRT's int64 volumes (1e12 overflowed).
+            lo = 0 if name == "past" else 1
+            values = [integer(p, lo, MAX_DIM, f"--profile {name}") for p in parts]
             out[name] = DimRange(*values)
     return out
 

@@ -16,7 +16,7 @@ import torch
 
 from ..checkpoint import load_checkpoint
 from ..memory import return_freed_memory
-from ..fileio import check_output_file
+from ..fileio import check_outputs
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import function_body
 from ..graph_spec import (HIDDEN, META_CHECKPOINT, META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH,
@@ -170,14 +170,15 @@ def export_model(model, out: str | os.PathLike, opts: ExportOptions = ExportOpti
 
 
 def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, owns_model: bool,
-            defer_validation: bool = False) -> ExportReport:
+            defer_validation: bool = False, inputs=()) -> ExportReport:
     """`load(dtype)` gives the model in `dtype`.  With validation the model is loaded in
     float32, its reference logits computed (float64 and opts.dtype) and the weights
     converted in place before tracing: nothing is reloaded for validation.
     defer_validation: leave the ONNX Runtime run to the caller (report.reference)."""
     from .validate import reference_logits
 
-    out = check_output_file(out)  # before minutes of tracing, not after
+    # The whole output set, before minutes of tracing: the file, its data file, never an input.
+    out = check_outputs([out, Path(str(out) + ".data")], inputs)[0]
     t0 = time.perf_counter()
     if validate:
         model = load(torch.float32).eval()  # converted to opts.dtype in place, one tensor at a time
@@ -233,4 +234,4 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, opt
         return load_checkpoint(checkpoint, dtype=dtype, trust_pickle=trust_pickle)
 
     return _export(load, out, opts, Path(checkpoint).name, validate, owns_model=True,
-                   defer_validation=defer_validation)
+                   defer_validation=defer_validation, inputs=[checkpoint])

@@ -5,6 +5,8 @@ Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
 
 from __future__ import annotations
 
+from ..numbers import BATCH, COUNT, OPSET, SEED
+
 DESCRIPTION = """Run standard ONNX tools on an msar-export file without losing its msar
 functions. convert-opset: onnx.version_converter for the graph and every
 function body (the converter alone drops them). sanitize: polygraphy surgeon
@@ -18,8 +20,9 @@ compare with ONNX Runtime."""
 def _rewrite(a, transform):
     """Load a.onnx with its weights, transform it, and write the result to a.output
     (only if ONNX Runtime loads it; external data kept external).  Returns (input, output)."""
-    from .files import load_whole, save_whole
+    from .files import check_rewrite_outputs, load_whole, save_whole
 
+    check_rewrite_outputs(a.onnx, a.output, getattr(a, "functions_from", None))
     model, external = load_whole(a.onnx)
     n_in = len(model.graph.node)
     out = transform(model)
@@ -69,12 +72,15 @@ def cmd_reference(a) -> int:
 
     from ..errors import InputError
     from ..verdict import rel_err
-    from .files import load_whole
+    from ..fileio import check_outputs
+    from .files import inputs_of, load_whole
     from .reference import reference_evaluator
     from .run import seeded_feeds
 
     if not (1 <= a.batch <= 64 and 1 <= a.seq <= 4096):
         raise InputError("--batch must be 1..64 and --seq 1..4096")
+    inputs = inputs_of(a.onnx)
+    check_outputs([a.save], inputs)  # --save onto the model once replaced it with a .npy
     model, _ = load_whole(a.onnx)
     feeds = seeded_feeds(model, a.batch, a.seq, a.seed)
     with np.errstate(over="ignore"):  # the reference Sigmoid overflows exp() on large logits, correctly
@@ -86,7 +92,7 @@ def cmd_reference(a) -> int:
     if a.save:
         from ..fileio import atomic_path
 
-        with atomic_path(a.save) as tmp, open(tmp, "wb") as f:
+        with atomic_path(a.save, inputs) as tmp, open(tmp, "wb") as f:
             np.save(f, ref.astype(np.float32))
     return 0 if np.isfinite(ref).all() else 1
 
@@ -121,7 +127,7 @@ def register(subparsers) -> None:
     c = sub.add_parser("convert-opset", help="onnx.version_converter, function bodies converted and kept")
     c.add_argument("onnx")
     c.add_argument("-o", "--output", required=True)
-    c.add_argument("--opset", type=int, required=True, help="target default-domain opset (upgrades: 18 -> 19..23)")
+    c.add_argument("--opset", type=OPSET, required=True, help="target default-domain opset (upgrades: 18 -> 19..23)")
     c.set_defaults(func=cmd_convert_opset)
     s = sub.add_parser("sanitize", help="polygraphy surgeon sanitize, function overloads kept")
     s.add_argument("onnx")
@@ -135,8 +141,8 @@ def register(subparsers) -> None:
     r.set_defaults(func=cmd_repair)
     e = sub.add_parser("reference", help="run onnx's ReferenceEvaluator with each node's own overload")
     e.add_argument("onnx")
-    e.add_argument("--batch", type=int, default=2)
-    e.add_argument("--seq", type=int, default=7)
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--batch", type=BATCH, default=2)
+    e.add_argument("--seq", type=COUNT, default=7)
+    e.add_argument("--seed", type=SEED, default=0)
     e.add_argument("--save", metavar="NPY", help="write the logits (float32 .npy)")
     e.set_defaults(func=cmd_reference)

@@ -6,10 +6,15 @@ import os
 from pathlib import Path
 
 from ..errors import OnnxModelError
-from ..fileio import check_output_file, os_errors_as_output_errors, scratch_dir_beside
-from ..graph_file import ExportedGraph
+from ..fileio import check_output_file, check_outputs, os_errors_as_output_errors, scratch_dir_beside
+from ..graph_file import ExportedGraph, inputs_of  # noqa: F401  (inputs_of: re-exported for interop.cli)
 
 TWO_GB = 2**31
+
+
+def check_rewrite_outputs(source, target, *more_inputs) -> None:
+    """The output set of a rewrite (TARGET and TARGET.data), checked before any work."""
+    check_outputs([target, str(target) + ".data"], [*inputs_of(source), *more_inputs])
 
 
 def load_whole(path) -> tuple[object, bool]:

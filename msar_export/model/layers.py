@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
@@ -35,46 +36,67 @@ class RMSNorm(nn.Module):
         return (rms_normalize(x, self.eps) * f32(self.weight)).to(x.dtype)
 
 
+def rotary_split(max_positions: int) -> int:
+    """K of the two rotary tables: position p = (p // K) * K + p % K, K = ceil(sqrt(max_positions))."""
+    return max(1, math.isqrt(max(int(max_positions) - 1, 0)) + 1)
+
+
 @functools.lru_cache(maxsize=8)
-def _rotary_table_np(max_positions: int, head_dim: int, theta: float, np_dtype: str) -> np.ndarray:
-    j = np.arange(0, head_dim, 2, dtype=np.float64)
-    angles = np.arange(max_positions, dtype=np.float64)[:, None] * theta ** (-j / head_dim)
-    table = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1).astype(np_dtype)
-    table.flags.writeable = False
-    return table
+def _rotary_tables_np(max_positions: int, head_dim: int, theta: float, np_dtype: str):
+    k = rotary_split(max_positions)
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+
+    def table(positions):
+        angles = positions[:, None] * inv_freq
+        t = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1).astype(np_dtype)
+        t.flags.writeable = False
+        return t
+
+    coarse = table(np.arange(-(-int(max_positions) // k), dtype=np.float64) * k)
+    return coarse, table(np.arange(k, dtype=np.float64))
 
 
 _EAGER_TABLES: dict = {}
 
 
-def rotary_table(max_positions: int, head_dim: int, theta: float, dtype: torch.dtype, device) -> torch.Tensor:
-    """(max_positions, head_dim): cos | sin of every position's angles, computed
-    in float64 and rounded to `dtype`; inside torch.export it is a constant.
+def rotary_table(max_positions: int, head_dim: int, theta: float, dtype: torch.dtype, device):
+    """(coarse, fine): cos | sin of the angles of positions k*K and of 0..K-1, K about
+    sqrt(max_positions), computed in float64 and rounded to `dtype`; inside torch.export
+    they are constants.  `rotary_cos_sin` combines them by the angle-addition formulas.
 
-    A table gathered by position, not angles computed from a Cast of the int64
-    positions: ONNX fp16 converters turn every float tensor into float16, and
-    float16 angles are about 0.25 rad off at position 500, while a float16
-    table is within 5e-4 of every cos and sin.  It also keeps int->float Cast
-    nodes out of the graph, which those converters mistype.
+    Two tables of about sqrt(max_seq_len) rows, not one row per position: a
+    [max_seq_len, head_dim] float64 table built on every forward and embedded in the
+    graph made a 19 KB checkpoint with max_seq_len 2**24 export a 537 MB ONNX file at
+    2.9 GB peak (issue 22).  Still tables gathered by position, not angles computed
+    from a Cast of the int64 positions: ONNX fp16 converters turn every float tensor
+    into float16, and float16 angles are about 0.25 rad off at position 500, while
+    float16 tables are within 5e-4 of every cos and sin (products of two: ~1e-3).  It
+    also keeps int->float Cast nodes out of the graph, which those converters mistype.
 
-    Eagerly the tensor is made once per (shape, dtype, device): decoding asks
-    for it at every token.  Under a trace it is made fresh and never cached,
-    since a tensor made there is a fake one."""
+    Eagerly the tensors are made once per (shape, dtype, device): decoding asks for
+    them at every token.  Under a trace they are made fresh and never cached, since a
+    tensor made there is a fake one."""
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"rotary table in {dtype}: the rotary angles are computed in float32 or float64")
     # Rounded in numpy: traced, a float64 constant would stay float64 behind a Cast.
-    table = _rotary_table_np(int(max_positions), int(head_dim), float(theta), str(dtype).removeprefix("torch."))
+    tables = _rotary_tables_np(int(max_positions), int(head_dim), float(theta), str(dtype).removeprefix("torch."))
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        return torch.tensor(table, device=device)
+        return tuple(torch.tensor(t, device=device) for t in tables)
     key = (int(max_positions), int(head_dim), float(theta), dtype, str(device))
     if key not in _EAGER_TABLES:
-        _EAGER_TABLES[key] = torch.tensor(table, device=device)
+        _EAGER_TABLES[key] = tuple(torch.tensor(t, device=device) for t in tables)
     return _EAGER_TABLES[key]
 
 
-def rotary_cos_sin(position_ids: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, 1, T, head_dim) for the rotate-half convention, in the table's dtype."""
-    cos, sin = F.embedding(position_ids, table)[:, None].chunk(2, dim=-1)  # one Gather; (B, 1, T, hd/2) each
+def rotary_cos_sin(position_ids: torch.Tensor, tables) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (B, 1, T, head_dim) for the rotate-half convention, in the tables' dtype:
+    cos(a + b) = cos a cos b - sin a sin b, sin(a + b) = sin a cos b + cos a sin b, with a the
+    angle of (p // K) * K and b that of p % K (integer ops: no int->float Cast in the graph)."""
+    coarse, fine = tables
+    k = fine.shape[0]
+    ch, sh = F.embedding(position_ids // k, coarse)[:, None].chunk(2, dim=-1)  # (B, 1, T, hd/2) each
+    cl, sl = F.embedding(position_ids % k, fine)[:, None].chunk(2, dim=-1)
+    cos, sin = ch * cl - sh * sl, sh * cl + ch * sl
     return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
 

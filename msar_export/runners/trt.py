@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BackendUnavailable, InputError
+from ..fileio import check_input_file
 from ..graph_spec import LOGITS, GraphSpec
 
 
@@ -62,8 +63,7 @@ def check_plugin_paths(plugins) -> list[str]:
     """Plugin libraries must exist before TensorRT tries (and fails obscurely) to dlopen them."""
     paths = [str(p) for p in plugins or ()]
     for p in paths:
-        if not Path(p).is_file():
-            raise InputError(f"--plugins: {p}: no such file (give the path to the built plugin library, e.g. libmsar_plugins.so)")
+        check_input_file(p, "--plugins: plugin library")
     return paths
 
 

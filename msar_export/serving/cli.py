@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..cli_common import add_plugins, add_trust_pickle
 from ..errors import InputError
+from ..numbers import BATCH, CLIENTS, COUNT, INSTANCES, MICROSECONDS, PORT, POSITIVE, SECONDS, SEED, SIZE, THREADS
 from .sources import is_checkpoint, resolve_sources, say
 
 SERVE_EPILOG = """\
@@ -39,10 +40,10 @@ def register(subparsers) -> None:
     r.add_argument("model", metavar="MODEL.onnx|MODEL.plan")
     r.add_argument("-o", "--output", required=True, metavar="REPO", help="repository directory (replaced atomically)")
     r.add_argument("--name", help="model name (default: the file's stem)")
-    r.add_argument("--max-batch", type=int, default=8, help="max_batch_size when the graph has a leading batch dim")
+    r.add_argument("--max-batch", type=BATCH, default=8, help="max_batch_size when the graph has a leading batch dim")
     r.add_argument("--no-batching", action="store_true", help="no dynamic_batching block")
-    r.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batcher max_queue_delay_microseconds")
-    r.add_argument("--instances", type=int, default=1, help="instance_group count")
+    r.add_argument("--queue-delay-us", type=MICROSECONDS, default=500, help="dynamic batcher max_queue_delay_microseconds")
+    r.add_argument("--instances", type=INSTANCES, default=1, help="instance_group count")
     r.add_argument("--kind", choices=("cpu", "gpu"), help="instance kind (default: gpu for engines, cpu for ONNX)")
     add_plugins(r, "TensorRT plugin libraries to copy in")
     r.add_argument("--onnx", metavar="MODEL.onnx", help="for an engine: the ONNX graph it was built from (its I/O)")
@@ -56,10 +57,10 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("src", nargs="+", metavar="CKPT|MODEL.onnx", help="checkpoint directory, or prefill and/or decode graph")
     s.add_argument("--workdir", help="exports, model repository and server log (default: runs/serve/<name>)")
-    s.add_argument("--port-http", type=int, default=8000)
-    s.add_argument("--port-grpc", type=int, default=8001)
+    s.add_argument("--port-http", type=PORT, default=8000)
+    s.add_argument("--port-grpc", type=PORT, default=8001)
     _serving_options(s)
-    s.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for the server to be ready")
+    s.add_argument("--ready-timeout", type=SECONDS, default=180.0, help="seconds to wait for the server to be ready")
     add_trust_pickle(s)
     s.add_argument("--verbose", action="store_true", help="verbose server log")
     s.set_defaults(func=cmd_serve)
@@ -75,23 +76,23 @@ def register(subparsers) -> None:
     t.add_argument("--protocol", choices=("http", "grpc"), default="http", help="with --compare-batching")
     t.add_argument("--workdir", default=None, help="with --compare-batching (default: runs/serve/<name>)")
     _serving_options(t)
-    t.add_argument("--clients", type=int, default=16)
-    t.add_argument("--seconds", type=float, default=30.0)
-    t.add_argument("--max-requests", type=int, default=100_000)
+    t.add_argument("--clients", type=CLIENTS, default=16)
+    t.add_argument("--seconds", type=SECONDS, default=30.0)
+    t.add_argument("--max-requests", type=COUNT, default=100_000)
     t.add_argument("--models", default="logits,generate", help="comma-separated: logits, generate")
-    t.add_argument("--min-len", type=int, default=8)
-    t.add_argument("--max-len", type=int, default=128)
-    t.add_argument("--new-tokens", type=int, default=8, help="generate: up to this many (each prompt draws n/2..n)")
-    t.add_argument("--pool", type=int, default=64, help="distinct prompts (each checked against its reference)")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--min-len", type=COUNT, default=8)
+    t.add_argument("--max-len", type=COUNT, default=128)
+    t.add_argument("--new-tokens", type=COUNT, default=8, help="generate: up to this many (each prompt draws n/2..n)")
+    t.add_argument("--pool", type=COUNT, default=64, help="distinct prompts (each checked against its reference)")
+    t.add_argument("--seed", type=SEED, default=0)
     t.add_argument("--checkpoint", metavar="CKPT",
                    help="judge logits against this checkpoint's eager model in float64, as `check` does "
                         "(msar_export.verdict; default with --compare-batching CKPT)")
-    t.add_argument("--rtol", type=float, default=None,
+    t.add_argument("--rtol", type=POSITIVE, default=None,
                    help="without --checkpoint: max|served - ref| / max|ref| against the same graph at batch 1 "
                         "(default: msar_export.verdict.SAME_GRAPH at the served precision)")
     t.add_argument("--no-verify", action="store_true", help="do not compare with ONNX Runtime")
-    t.add_argument("--hostile-every", type=int, default=0, metavar="N",
+    t.add_argument("--hostile-every", type=SIZE, default=0, metavar="N",
                    help="make every Nth request a malformed one (overflowing shapes, lying sizes, out-of-range "
                         "integers) that must be refused; 0: none")
     t.add_argument("--onnx", help="reference prefill graph (default: the file the server loaded)")
@@ -101,12 +102,12 @@ def register(subparsers) -> None:
 
 
 def _serving_options(p) -> None:
-    p.add_argument("--max-batch", type=int, default=16, help="max_batch_size of the served models")
+    p.add_argument("--max-batch", type=BATCH, default=16, help="max_batch_size of the served models")
     p.add_argument("--no-batching", action="store_true", help="no dynamic batcher: one request per execution")
-    p.add_argument("--instances", type=int, default=1, help="model instances (stub processes) per model")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--instances", type=INSTANCES, default=1, help="model instances (stub processes) per model")
+    p.add_argument("--threads", type=THREADS, default=None,
                    help="ONNX Runtime intra-op threads per instance (default: runners.ort_runner.THREADS['serving'])")
-    p.add_argument("--queue-delay-us", type=int, default=2000, help="dynamic batcher max_queue_delay_microseconds")
+    p.add_argument("--queue-delay-us", type=MICROSECONDS, default=2000, help="dynamic batcher max_queue_delay_microseconds")
 
 
 # -- triton-repo ------------------------------------------------------------------------

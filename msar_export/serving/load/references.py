@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError
-from ...verdict import SAME_GRAPH, judge, rel_err
+from ...verdict import SAME_GRAPH, judge, rel_err, within
 from ..triton.client import ServingClient
 
 class References:
@@ -93,7 +93,7 @@ class References:
             v = judge(out, item.eager, item.ref64, self.precision)
             return None if v.passed else f"logits: {v.describe('served')}"
         err = rel_err(out, item.ref)
-        return None if err <= self.rtol else f"logits rel err {err:.2e} against the same graph > {self.rtol:.0e}"
+        return None if within(err, self.rtol) else f"logits rel err {err:.2e} against the same graph > {self.rtol:.0e}"
 
 
 class EagerFloat64:

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from ...errors import EngineError, InputError, OnnxModelError, OutputError, first_line
-from ...fileio import atomic_dir, check_output_dir, file_sha256
+from ...fileio import atomic_dir, check_input_file, check_output_dir, file_sha256
 from ...graph_spec import INPUT_IDS, LOGITS
 from ...untrusted import contained
 from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
@@ -57,15 +57,22 @@ def check_runs(model: Path) -> None:
     open_session(model, threads=THREADS["probe"], optimization="disable", label=str(model))
 
 
-def _is_our_repo(out: Path) -> bool:
+def _our_manifest(out: Path) -> dict | None:
     try:
         manifest = json.loads((out / MANIFEST).read_text())
     except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("generator") in GENERATORS
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("generator") in GENERATORS else None
 
 
-def check_repo_target(out: Path, sources: list[Path], force: bool = False) -> None:
+def foreign_files(out: Path, manifest: dict) -> list[str]:
+    """Files in a repository we wrote that its manifest does not list: a model a user added."""
+    ours = set(manifest.get("files") or {}) | {MANIFEST}
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                  if (p.is_file() or p.is_symlink()) and str(p.relative_to(out)) not in ours)
+
+
+def check_repo_target(out: Path, sources: list[Path], force: bool = False, keep_added: bool = True) -> None:
     """`-o` may be absent or a repository msar-export wrote (its manifest.json says so);
     anything else is refused unless --force, and never a folder that holds a source."""
     real = out.resolve()
@@ -76,9 +83,16 @@ def check_repo_target(out: Path, sources: list[Path], force: bool = False) -> No
     check_output_dir(out)  # what atomic_dir will check again at the swap, refused before any work
     if not out.exists():
         return
-    if not force and any(out.iterdir()) and not _is_our_repo(out):
+    manifest = _our_manifest(out)
+    if not force and any(out.iterdir()) and manifest is None:
         raise OutputError(f"{out}: exists and is not a repository msar-export wrote (no {MANIFEST} from it); "
                           "it would be replaced: give a new directory, or pass --force to replace it")
+    # Ours, but a user added a model since: replacing the folder would delete it.
+    # (`serve`'s own repository, where Triton's Python backend writes __pycache__, skips this.)
+    added = [] if force or manifest is None or not keep_added else foreign_files(out, manifest)
+    if added:
+        raise OutputError(f"{out}: holds {len(added)} file(s) msar-export did not write (first: {added[0]}); "
+                          "they would be deleted: move them out, or pass --force to replace the repository")
 
 
 def _dir_mode(path: Path) -> None:
@@ -195,8 +209,7 @@ def build_stock_repo(model: str | os.PathLike, out: str | os.PathLike, name: str
     name = _model_name(name, model)
     plugins = [Path(p) for p in plugins]
     for p in plugins:
-        if not p.is_file():
-            raise InputError(f"--plugins: {p}: no such file (give the built plugin library, e.g. libmsar_plugins.so)")
+        check_input_file(p, "--plugins: plugin library")
     if model.suffix.lower() == ".onnx":
         if plugins:
             raise InputError("--plugins is for TensorRT engines; an ONNX model runs on stock ONNX Runtime")
@@ -351,7 +364,7 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
     sources = {"logits": (prefill or decode).resolve()}
     if decode_io is not None:
         sources["generate"] = decode.resolve()
-    check_repo_target(out, list(sources.values()), force)
+    check_repo_target(out, list(sources.values()), force, keep_added=False)
     bundles = {"logits": (prefill_io or decode_io).files, "generate": decode_io.files if decode_io else {}}
     with atomic_dir(out) as tmp:
         for name, text in configs.items():

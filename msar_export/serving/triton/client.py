@@ -29,8 +29,12 @@ def parse_url(url: str) -> tuple[str, str]:
     if "://" not in url:
         url = "http://" + url
     u = urlparse(url)
-    if u.scheme not in ("http", "grpc") or not u.hostname or not u.port:
-        raise InputError(f"--url {url!r}: use http://HOST:PORT or grpc://HOST:PORT")
+    try:
+        port = u.port  # urllib raises ValueError for a port over 65535 (99999)
+    except ValueError:
+        port = None
+    if u.scheme not in ("http", "grpc") or not u.hostname or not port:
+        raise InputError(f"--url {url!r}: use http://HOST:PORT or grpc://HOST:PORT (a port in 1..65535)")
     return u.scheme, f"{u.hostname}:{u.port}"
 
 

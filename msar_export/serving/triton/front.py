@@ -28,148 +28,37 @@ import argparse
 import http.client
 import http.server
 import json
-import math
 import os
 import re
+import socket
 import sys
 import threading
+import time
+
+from .front_rules import Refused, check_grpc_infer, check_http_infer, grpc_allowed, http_route
 
 HOST = "127.0.0.1"
-DTYPE_BYTES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "BF16": 2, "UINT32": 4,
-               "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8}
-INT_RANGE = {"UINT8": (0, 2**8 - 1), "INT8": (-2**7, 2**7 - 1), "UINT16": (0, 2**16 - 1), "INT16": (-2**15, 2**15 - 1),
-             "UINT32": (0, 2**32 - 1), "INT32": (-2**31, 2**31 - 1), "UINT64": (0, 2**64 - 1),
-             "INT64": (-2**63, 2**63 - 1)}
-MAX_RANK = 8
 STUB_DEAD = re.compile(r"Stub process .* is not healthy|stub process .* died", re.I)
-INFER_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
-
-
-class Refused(ValueError):
-    """The request is malformed: answered 400 / INVALID_ARGUMENT, never forwarded."""
-
-
-def element_count(shape, name: str, max_elements: int) -> int:
-    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_RANK:
-        raise Refused(f"input '{name}': shape must be a list of at most {MAX_RANK} dimensions")
-    n = 1
-    for d in shape:
-        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-            raise Refused(f"input '{name}': shape {shape} must hold non-negative integers")
-        n *= d
-        if n > max_elements:
-            raise Refused(f"input '{name}': shape {shape} has more than {max_elements:,} elements, "
-                          "the most this server accepts")
-    return n
-
-
-def _flat_values(data, name: str, limit: int) -> list:
-    """JSON `data` flattened (any nesting), refused as soon as it holds more than `limit` values."""
-    out, stack = [], [data]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, list):
-            stack.extend(reversed(x))
-        else:
-            out.append(x)
-            if len(out) > limit:
-                raise Refused(f"input '{name}': more data values than its shape holds")
-    return out
-
-
-def check_json_values(values: list, dtype: str, name: str) -> None:
-    if dtype in INT_RANGE:
-        lo, hi = INT_RANGE[dtype]
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise Refused(f"input '{name}': {v!r} is not a {dtype} value (range [{lo}, {hi}])")
-    elif dtype == "BOOL":
-        if not all(isinstance(v, bool) for v in values):
-            raise Refused(f"input '{name}': BOOL data must be true/false")
-    elif dtype in DTYPE_BYTES:
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise Refused(f"input '{name}': {v!r} is not a finite {dtype} value")
-
-
-def check_http_infer(body: bytes, header_length: int | None, max_elements: int) -> None:
-    """Raise Refused unless `body` is a well-formed KServe v2 infer request within the limits."""
-    if header_length is not None and not 0 <= header_length <= len(body):
-        raise Refused("Inference-Header-Content-Length is larger than the body")
-    head = body if header_length is None else body[:header_length]
-    binary = len(body) - len(head)
-    try:
-        req = json.loads(head)
-    except (ValueError, RecursionError):
-        raise Refused("the request is not valid JSON") from None
-    inputs = req.get("inputs") if isinstance(req, dict) else None
-    if not isinstance(inputs, list) or not inputs:
-        raise Refused("the request has no 'inputs' list")
-    total = 0
-    for inp in inputs:
-        if not isinstance(inp, dict) or not isinstance(inp.get("name"), str):
-            raise Refused("each input must be an object with a 'name'")
-        name, dtype = inp["name"], inp.get("datatype")
-        if dtype not in DTYPE_BYTES:
-            raise Refused(f"input '{name}': datatype {dtype!r} is not one this server takes")
-        n = element_count(inp.get("shape"), name, max_elements)
-        params = inp.get("parameters") or {}
-        size = params.get("binary_data_size") if isinstance(params, dict) else None
-        if size is not None:
-            if isinstance(size, bool) or not isinstance(size, int) or size != n * DTYPE_BYTES[dtype]:
-                raise Refused(f"input '{name}': binary_data_size {size!r} is not {n} x {DTYPE_BYTES[dtype]} bytes "
-                              f"for shape {inp['shape']}")
-            total += size
-        else:
-            values = _flat_values(inp.get("data"), name, n)
-            if len(values) != n:
-                raise Refused(f"input '{name}': {len(values)} data values for shape {inp['shape']} ({n} elements)")
-            check_json_values(values, dtype, name)
-    if total != binary:
-        raise Refused(f"the binary inputs declare {total} bytes but the body carries {binary}")
-
-
-def check_grpc_infer(raw: bytes, max_elements: int) -> None:
-    from tritonclient.grpc import service_pb2
-
-    req = service_pb2.ModelInferRequest()
-    try:
-        req.ParseFromString(raw)
-    except Exception:
-        raise Refused("the request is not a ModelInferRequest") from None
-    if not req.inputs:
-        raise Refused("the request has no inputs")
-    if req.raw_input_contents and len(req.raw_input_contents) != len(req.inputs):
-        raise Refused(f"{len(req.raw_input_contents)} raw input contents for {len(req.inputs)} inputs")
-    typed = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-             "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
-    for k, inp in enumerate(req.inputs):
-        if inp.datatype not in DTYPE_BYTES:
-            raise Refused(f"input '{inp.name}': datatype {inp.datatype!r} is not one this server takes")
-        n = element_count(list(inp.shape), inp.name, max_elements)
-        if req.raw_input_contents:
-            got, want = len(req.raw_input_contents[k]), n * DTYPE_BYTES[inp.datatype]
-            if got != want:
-                raise Refused(f"input '{inp.name}': {got} bytes for shape {list(inp.shape)} ({want} expected)")
-        else:
-            field = typed.get(inp.datatype)
-            got = len(getattr(inp.contents, field)) if field else -1
-            if got != n:
-                raise Refused(f"input '{inp.name}': {max(got, 0)} values for shape {list(inp.shape)} ({n} elements)")
-            lo_hi = INT_RANGE.get(inp.datatype)
-            if lo_hi and inp.datatype in ("INT8", "INT16", "UINT8", "UINT16"):
-                vals = getattr(inp.contents, field)
-                if any(not lo_hi[0] <= v <= lo_hi[1] for v in vals):
-                    raise Refused(f"input '{inp.name}': a value is outside the range of {inp.datatype}")
+# A connection that has not sent a complete request within IDLE_S is closed, and at most
+# MAX_CONNECTIONS are held: 1,100 idle connections once made 1,109 threads.  At the cap the
+# longest-waiting connection without a request in progress makes room for the new one,
+# so a slow-client flood cannot keep a good request out.
+IDLE_S = 15.0
+MAX_CONNECTIONS = 256
+# Headers that two parsers may read differently when repeated (the first or the last).
+SINGLE_HEADERS = ("content-length", "inference-header-content-length", "transfer-encoding", "host")
 
 
 # -- the processes -----------------------------------------------------------------------
 
 class Front:
-    def __init__(self, upstream_http: int, upstream_grpc: int, max_elements: int, max_body: int):
+    def __init__(self, upstream_http: int, upstream_grpc: int, max_elements: int, max_body: int,
+                 models=(), upstream_header: tuple[str, str] | None = None):
         self.upstream_http, self.upstream_grpc = upstream_http, upstream_grpc
         self.max_elements, self.max_body = max_elements, max_body
+        self.models = frozenset(models)
+        # Sent with every forwarded request when Triton's APIs are restricted to holders of a key.
+        self.upstream_header = upstream_header
         self.dead = threading.Event()
         self.why = ""
 
@@ -179,12 +68,63 @@ class Front:
             self.dead.set()
 
 
+class BoundedHTTPServer(http.server.ThreadingHTTPServer):
+    """ThreadingHTTPServer with a connection cap; at the cap the connection that has waited
+    longest without a request in progress is closed to make room (see MAX_CONNECTIONS)."""
+
+    daemon_threads = True
+
+    def __init__(self, *args, max_connections: int = MAX_CONNECTIONS, **kw):
+        super().__init__(*args, **kw)
+        self.max_connections = max_connections
+        self.lock = threading.Lock()
+        self.live: dict = {}  # socket -> monotonic time it became idle, or None while busy
+
+    def process_request(self, request, client_address):
+        with self.lock:
+            if len(self.live) >= self.max_connections:
+                idle = [(t, sock) for sock, t in self.live.items() if t is not None]
+                if not idle:
+                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
+                                    b"Content-Length: 0\r\n\r\n")
+                    self.shutdown_request(request)
+                    return
+                victim = min(idle, key=lambda x: x[0])[1]
+                del self.live[victim]
+                try:
+                    victim.shutdown(socket.SHUT_RDWR)  # its handler reads EOF and ends
+                except OSError:
+                    pass
+            self.live[request] = time.monotonic()
+        super().process_request(request, client_address)
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a client that went away or idled out: nothing to report
+        super().handle_error(request, client_address)
+
+    def mark(self, request, idle: bool) -> None:
+        with self.lock:
+            if request in self.live:
+                self.live[request] = time.monotonic() if idle else None
+
+    def shutdown_request(self, request):
+        with self.lock:
+            self.live.pop(request, None)
+        super().shutdown_request(request)
+
+
 def http_handler(front: Front):
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # Headers and body go out in two writes; with Nagle on, the body waits for the
         # client's delayed ACK (40 ms per request on loopback, measured: 8x fewer req/s).
         disable_nagle_algorithm = True
+        timeout = IDLE_S  # a socket read that waits longer ends the connection
+
+        def handle_one_request(self):
+            self.server.mark(self.connection, idle=True)  # evictable until a whole request is read
+            super().handle_one_request()
 
         def log_message(self, *args):  # the server log is Triton's
             pass
@@ -206,6 +146,8 @@ def http_handler(front: Front):
         def _forward(self, body: bytes | None):
             hop = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
             headers = {k: v for k, v in self.headers.items() if k.lower() not in hop}
+            if front.upstream_header:
+                headers[front.upstream_header[0]] = front.upstream_header[1]
             # One upstream connection per client connection (this handler's thread), kept
             # alive: a new TCP connection per request cost about a fifth of the throughput.
             for attempt in (0, 1):
@@ -226,8 +168,28 @@ def http_handler(front: Front):
                 front.stub_died(data.decode(errors="replace"))
             self._reply(r.status, data, [(k, v) for k, v in r.getheaders() if k.lower() not in hop])
 
+        def _allowed(self) -> str | None:
+            """The route kind ('infer' / 'read'), or None after refusing the request."""
+            repeated = [h for h in SINGLE_HEADERS if len(self.headers.get_all(h) or ()) > 1]
+            if repeated:  # two Content-Lengths: which one Triton believes is not ours to guess
+                self._refuse(400, f"header {repeated[0]} given more than once", close=True)
+                return None
+            try:
+                kind = http_route(self.command, self.path, front.models)
+            except Refused as e:
+                self._refuse(e.status, str(e), close=True)  # any body it sent stays unread
+                return None
+            self.server.mark(self.connection, idle=False)
+            return kind
+
         def do_GET(self):
-            self._forward(None)
+            if self._allowed():
+                self._forward(None)
+
+        def do_HEAD(self):  # never allowed: refused by http_route with 405, not BaseHTTPRequestHandler's 501 page
+            self._allowed()
+
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD
 
         def finish(self):
             conn = getattr(self, "_upstream", None)
@@ -236,6 +198,9 @@ def http_handler(front: Front):
             super().finish()
 
         def do_POST(self):
+            kind = self._allowed()
+            if kind is None:
+                return
             if self.headers.get("Transfer-Encoding"):
                 return self._refuse(411, "send a Content-Length (chunked requests are not accepted)", close=True)
             try:
@@ -246,12 +211,13 @@ def http_handler(front: Front):
                 return self._refuse(413, f"request body of {length} bytes is over this server's "
                                          f"{front.max_body:,}-byte limit", close=True)
             body = self.rfile.read(length)
-            if INFER_PATH.match(self.path.split("?")[0]):
-                hl = self.headers.get("Inference-Header-Content-Length")
-                try:
-                    check_http_infer(body, None if hl is None else int(hl), front.max_elements)
-                except ValueError as e:  # Refused, or a non-integer header length
-                    return self._refuse(400, str(e) if isinstance(e, Refused) else "bad Inference-Header-Content-Length")
+            if len(body) != length:
+                return self._refuse(400, "the body is shorter than its Content-Length", close=True)
+            hl = self.headers.get("Inference-Header-Content-Length")
+            try:
+                check_http_infer(body, None if hl is None else int(hl), front.max_elements)
+            except ValueError as e:  # Refused, or a non-integer header length
+                return self._refuse(400, str(e) if isinstance(e, Refused) else "bad Inference-Header-Content-Length")
             self._forward(body)
 
     return Handler
@@ -268,18 +234,22 @@ def serve_grpc(front: Front, port: int):
     class Proxy(grpc.GenericRpcHandler):
         def service(self, details):
             method = details.method
-            if method.endswith("/ModelStreamInfer"):
-                return None  # streaming is not offered through the front: UNIMPLEMENTED
+            if grpc_allowed(method, None, front.models) is not None:
+                return None  # streaming, shared memory, repository, trace, logging: UNIMPLEMENTED
             call = channel.unary_unary(method)
+            extra = (front.upstream_header,) if front.upstream_header else ()
 
             def handle(raw, context):
+                why = grpc_allowed(method, raw, front.models)
+                if why is not None:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
                 if method.endswith("/ModelInfer"):
                     try:
                         check_grpc_infer(raw, front.max_elements)
                     except Refused as e:
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 try:
-                    return call(raw, timeout=600, metadata=context.invocation_metadata())
+                    return call(raw, timeout=600, metadata=(*context.invocation_metadata(), *extra))
                 except grpc.RpcError as e:
                     front.stub_died(e.details() or "")
                     context.abort(e.code(), e.details() or "")
@@ -287,7 +257,9 @@ def serve_grpc(front: Front, port: int):
             return grpc.unary_unary_rpc_method_handler(handle)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), handlers=[Proxy()],
-                         options=[("grpc.max_receive_message_length", front.max_body)])
+                         options=[("grpc.max_receive_message_length", front.max_body),
+                                  ("grpc.max_connection_idle_ms", int(IDLE_S * 1000)),
+                                  ("grpc.max_concurrent_streams", 64)])
     server.add_insecure_port(f"{HOST}:{port}")
     server.start()
     return server
@@ -301,10 +273,12 @@ def main(argv=None) -> int:
     p.add_argument("--upstream-grpc", type=int, required=True)
     p.add_argument("--max-elements", type=int, default=1 << 22)
     p.add_argument("--max-body", type=int, default=0, help="bytes (default: 8 x max-elements x 2 + 1 MiB)")
+    p.add_argument("--models", required=True, help="comma-separated served models: the only ones reachable")
+    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
     a = p.parse_args(argv)
-    front = Front(a.upstream_http, a.upstream_grpc, a.max_elements, a.max_body or 16 * a.max_elements + (1 << 20))
-    httpd = http.server.ThreadingHTTPServer((HOST, a.http), http_handler(front))
-    httpd.daemon_threads = True
+    front = Front(a.upstream_http, a.upstream_grpc, a.max_elements, a.max_body or 16 * a.max_elements + (1 << 20),
+                  models=[m for m in a.models.split(",") if m])
+    httpd = BoundedHTTPServer((HOST, a.http), http_handler(front), max_connections=a.max_connections)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     grpcd = serve_grpc(front, a.grpc)
     print(f"front ready: http {a.http} grpc {a.grpc} -> tritonserver http {a.upstream_http} grpc {a.upstream_grpc}",

@@ -159,7 +159,12 @@ class TritonServer:
     def front_command(self) -> list[str]:
         return [str(self.install.python), "-m", "msar_export.serving.triton.front", "--http", str(self.http_port),
                 "--grpc", str(self.grpc_port), "--upstream-http", str(self.inner_http),
-                "--upstream-grpc", str(self.inner_grpc), "--max-elements", str(self.max_elements)]
+                "--upstream-grpc", str(self.inner_grpc), "--max-elements", str(self.max_elements),
+                "--models", ",".join(self.served_models())]
+
+    def served_models(self) -> list[str]:
+        """The repository's models: the only ones the front lets requests reach."""
+        return sorted(p.parent.name for p in self.repo.glob("*/config.pbtxt"))
 
     def _front_env(self) -> dict:
         from .env import with_package_path
