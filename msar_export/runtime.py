@@ -17,6 +17,19 @@ from .runners.ort_runner import open_session as _open_session
 from .runners.ort_runner import resolve_providers
 
 
+def _running(path, fn, *args):
+    """fn(*args), with ONNX Runtime's own failure while running the graph (an index past the
+    embedding, a shape the graph does not take) as one line naming the file: the file, not
+    msar-export, is at fault."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        if not type(e).__module__.startswith("onnxruntime"):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise OnnxModelError(f"{path}: ONNX Runtime failed running this graph ({first[:300]})") from None
+
+
 def default_providers() -> list[str]:
     return resolve_providers()
 
@@ -48,7 +61,7 @@ class OrtModel:
 
         ids = torch.as_tensor(input_ids)
         check_token_batch(ids, None, self.cfg.vocab_size, self.cfg.max_seq_len)
-        return self.ort.logits(ids.long().numpy())
+        return _running(self.path, self.ort.logits, ids.long().numpy())
 
 
 class OrtDecoder:
@@ -76,7 +89,7 @@ class OrtDecoder:
 
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
              cache: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        return self.ort.step(input_ids, attention_mask, position_ids, cache)
+        return _running(self.path, self.ort.step, input_ids, attention_mask, position_ids, cache)
 
     def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,

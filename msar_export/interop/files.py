@@ -30,7 +30,29 @@ def load_whole(path) -> tuple[object, bool]:
             onnx.load_external_data_for_model(model, str(path.parent))
         except (OSError, ValueError) as e:
             raise OnnxModelError(f"{path}: cannot read its external data ({e})") from None
+    check_initializer_sizes(model, path)
     return model, external
+
+
+def check_initializer_sizes(model, path) -> None:
+    """Every initializer holds as many elements as its dims declare (a tensor with dims and no
+    data made onnx's reference evaluator fail deep inside numpy): OnnxModelError, one line."""
+    import math
+
+    from onnx import TensorProto, helper
+
+    for t in model.graph.initializer:
+        if t.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+            continue
+        want = math.prod(t.dims)
+        if t.raw_data:
+            have = len(t.raw_data) / helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        else:
+            per = 2 if t.data_type in (TensorProto.COMPLEX64, TensorProto.COMPLEX128) else 1
+            have = len(getattr(t, helper.tensor_dtype_to_field(t.data_type))) / per
+        if have != want:
+            raise OnnxModelError(f"{path}: initializer {t.name!r} declares dims {list(t.dims)} ({want} elements) "
+                                 f"but holds {have:g}; the file is damaged")
 
 
 def save_whole(model, target, external: bool = False) -> Path:

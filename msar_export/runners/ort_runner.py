@@ -171,7 +171,7 @@ def session_options(threads: int | None = None, optimization: str = "all", low_m
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[optimization]
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # fatal only: a failing run raises its message; ORT printing it too made two lines
     library = resolve_ort_ops(ort_ops)
     if library is not None:
         opts.register_custom_ops_library(str(library))

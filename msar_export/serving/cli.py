@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..cli_common import add_plugins, add_trust_pickle
+from ..cli_common import add_ort_ops, add_plugins, add_trust_pickle
 from ..errors import InputError
 from ..numbers import BATCH, CLIENTS, COUNT, INSTANCES, MICROSECONDS, PORT, POSITIVE, SECONDS, SEED, SIZE, THREADS
 from .sources import is_checkpoint, resolve_sources, say
@@ -50,6 +50,7 @@ def register(subparsers) -> None:
     r.add_argument("--no-validate", action="store_true", help="skip the ModelConfig schema check")
     r.add_argument("--force", action="store_true",
                    help="replace REPO even if it is not a repository msar-export wrote")
+    add_ort_ops(r)  # auto/native: the library goes into the model folder (model_operations)
     r.set_defaults(func=cmd_triton_repo)
 
     s = subparsers.add_parser("serve", help="serve logits / generate on a real Triton server (127.0.0.1)",
@@ -61,6 +62,7 @@ def register(subparsers) -> None:
     s.add_argument("--port-grpc", type=PORT, default=8001)
     _serving_options(s)
     s.add_argument("--ready-timeout", type=SECONDS, default=180.0, help="seconds to wait for the server to be ready")
+    add_ort_ops(s)  # the served model.py sessions inherit MSAR_ORT_OPS through tritonserver
     add_trust_pickle(s)
     s.add_argument("--verbose", action="store_true", help="verbose server log")
     s.set_defaults(func=cmd_serve)
