@@ -100,7 +100,7 @@ def test_graph_kinds_on_native_kernels_match_float64(ckpt, exported, variant, or
     eager = eager_logits(ckpt, ids, precision)
     results = {}
     for how in (ort_ops_library, "function"):
-        monkeypatch.setattr(ort_runner, "session_options", _profiling(ort_runner.session_options))
+        monkeypatch.setattr(ort_runner, "_options", _profiling(ort_runner._options))
         graph = OrtGraph(exported(variant), providers=["cpu"], threads=2, ort_ops=how)
         results[how] = judge(ort_logits(graph, ids), eager, ref, precision)
         ops = ran_ops(graph)

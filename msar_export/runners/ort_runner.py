@@ -144,15 +144,20 @@ def resolve_ort_ops(ort_ops: str | None = None) -> Path | None:
 def session_options(threads: int | None = None, optimization: str = "all", low_memory: bool = False,
                     spinning: bool = True, external_folder: str | os.PathLike | None = None,
                     ort_ops: str | None = None):
-    """The SessionOptions of every session msar-export opens.
+    """The SessionOptions of every session msar-export opens: _options(...) with the native msar
+    kernels registered when `ort_ops` resolves to them (resolve_ort_ops)."""
+    library = resolve_ort_ops(ort_ops)
+    return _options(threads, optimization, low_memory, spinning, external_folder, library)
 
-    threads: intra-op threads (None: ORT's default, one per core), one inter-op thread.
+
+def _options(threads, optimization, low_memory, spinning, external_folder, library: Path | None):
+    """threads: intra-op threads (None: ORT's default, one per core), one inter-op thread.
     low_memory: no pre-packed copy of each MatMul weight (ORT's CPU default: a second
     copy of most weights), so weights in external data are used straight from the mapped file.
     spinning=False: idle threads sleep (several Triton stubs share few cores).
     external_folder: where a model given as bytes has its external data (the model's folder).
-    ort_ops: auto / native / function / a library path (resolve_ort_ops); the registered kernels
-    take the msar nodes and their function bodies are then not inlined."""
+    library: the native msar kernels to register (None: the function bodies run); registered
+    kernels take the msar nodes and their function bodies are then not inlined."""
     import onnxruntime as ort
 
     if optimization not in OPTIMIZATION_LEVELS:
@@ -172,7 +177,6 @@ def session_options(threads: int | None = None, optimization: str = "all", low_m
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[optimization]
     opts.log_severity_level = 4  # fatal only: a failing run raises its message; ORT printing it too made two lines
-    library = resolve_ort_ops(ort_ops)
     if library is not None:
         opts.register_custom_ops_library(str(library))
     return opts
@@ -186,8 +190,8 @@ def open_session(model, providers=None, threads: int | None = None, optimization
     `msar_native` says whether the native msar kernels were registered."""
     import onnxruntime as ort
 
-    native = resolve_ort_ops(ort_ops) is not None
-    opts = session_options(threads, optimization, low_memory, spinning, external_folder, ort_ops)
+    library = resolve_ort_ops(ort_ops)  # once: what is registered and what msar_native reports
+    opts = _options(threads, optimization, low_memory, spinning, external_folder, library)
     source = model if isinstance(model, (bytes, bytearray)) else str(model)
     try:
         # low_memory also drops constant folding, whose folded copies stayed beside the weights
@@ -196,7 +200,7 @@ def open_session(model, providers=None, threads: int | None = None, optimization
         # bit-identical in both (2026-12-01; tests/test_export_memory.py compares them).
         session = ort.InferenceSession(source, opts, providers=resolve_providers(providers),
                                        disabled_optimizers=["ConstantFolding"] if low_memory else None)
-        session.msar_native = native
+        session.msar_native = library is not None
         return session
     except Exception as e:  # ORT raises its own Fail/InvalidGraph/... types for unreadable files
         name = label if label is not None else ("the model" if source is model else source)
