@@ -60,6 +60,8 @@ MIXER_CASES = [  # (n, kernels, B, T, d)
     (97, [1, 4, 8, 12], 1, 9, 24),    # 97 sources
     (5, [1], 1, 70, 130),             # identity stream only; more than one channel chunk
     (6, [1, 2, 3, 4, 5, 6, 7, 8], 1, 40, 16),  # eight streams; tokens past one tile of 32
+    (7, [1, 4, 8, 12], 2, 100, 128),  # float32 rows read in place (whole chunks, tiles inside the sequence)
+    (3, [1, 17, 5], 1, 75, 64),       # a kernel longer than the unrolled sizes (the run-time loop), in place
 ]
 
 
@@ -130,3 +132,20 @@ def test_bad_shapes_are_one_clear_error(ort_ops_library):
     feeds.update(x0=inp["sources"][0].numpy(), x1=np.zeros((1, 5, 16), np.float32))
     with pytest.raises(Exception, match="msar::FusedMixer: source 1 is"):
         s.run(["h"], feeds)
+
+
+def test_a_changed_kernel_source_makes_the_installed_library_stale(tmp_path):
+    """The stamp the fixture checks (ort_ops_fixtures.native_library) tells the sources apart: an
+    identical copy of plugins/ has the same digest, one changed byte in a kernel another."""
+    import shutil
+
+    from ort_ops_fixtures import REPO
+
+    from msar_export.kernels.ort_ops import sources_digest
+
+    shutil.copytree(REPO / "plugins" / "msarOrtOps", tmp_path / "msarOrtOps")
+    shutil.copy(REPO / "plugins" / "CMakeLists.txt", tmp_path / "CMakeLists.txt")
+    assert sources_digest(tmp_path) == sources_digest(REPO / "plugins")
+    kernel = tmp_path / "msarOrtOps" / "cpuFusedMixer.cpp"
+    kernel.write_text(kernel.read_text().replace("kTile = 32", "kTile = 16"))
+    assert sources_digest(tmp_path) != sources_digest(REPO / "plugins")

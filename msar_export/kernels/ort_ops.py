@@ -11,6 +11,7 @@ it ONNX Runtime runs the msar function bodies.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import sys
@@ -35,13 +36,36 @@ def install_path() -> Path:
     return Path(ort_runner.__file__).with_name(ort_runner.NATIVE_LIBRARY)
 
 
-def install(library: Path) -> Path:
-    """Copy `library` beside the runner, atomically (a running process keeps its mapping)."""
+def sources_digest(sources: Path) -> str:
+    """sha256 over the kernel sources under `sources` (the plugins/ folder) and the CMake project:
+    what the installed library was built from, so a stale one can be told apart."""
+    h = hashlib.sha256()
+    for f in sorted([*(sources / "msarOrtOps").iterdir(), sources / "CMakeLists.txt"]):
+        if f.is_file():
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def stamp_path() -> Path:
+    return install_path().with_name(install_path().name + ".sources")
+
+
+def install(library: Path, sources: Path | None = None) -> Path:
+    """Copy `library` beside the runner, atomically (a running process keeps its mapping), with the
+    digest of the sources it was built from beside it."""
     dest = install_path()
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     shutil.copyfile(library, tmp)
     os.replace(tmp, dest)
+    if sources is not None:
+        stamp_path().write_text(sources_digest(Path(sources)) + "\n")
     return dest
+
+
+def uninstall() -> None:
+    """A failed build leaves no library behind: an older one would run code the sources no longer hold."""
+    for f in (install_path(), stamp_path()):
+        f.unlink(missing_ok=True)
 
 
 def main(argv=None) -> int:
@@ -52,10 +76,11 @@ def main(argv=None) -> int:
     why = cmake.tools_unavailable()
     if why is None:
         try:
-            print(f"native msar kernels for ONNX Runtime: {install(build_library(a.sources, a.headers))}")
+            print(f"native msar kernels for ONNX Runtime: {install(build_library(a.sources, a.headers), a.sources)}")
             return 0
         except (cmake.BuildError, OSError) as e:
             why = str(e).strip().splitlines()[0]
+    uninstall()
     print(f"native msar kernels not built ({why}); ONNX Runtime will run the msar function bodies", file=sys.stderr)
     return 1
 

@@ -1,19 +1,20 @@
 /*
- * FusedMixer on the CPU.  One work item is TILE tokens of one batch row:
- *   0. every source's window for the tile (TILE + kmax - 1 rows, zeros before
- *      t = 0): float32 rows read where they are when the tile lies inside the
- *      sequence, else converted once into a chunk-major float32 copy (one
- *      chunk of kChunk channels of every row contiguous);
- *   1. per source and chunk, the conv views of kRegs tokens in registers
- *      (each tap loaded once per chunk and used for every token) and their
- *      q . v and v . v -> scores;
+ * FusedMixer on the CPU.  One work item is TILE tokens of one batch row; its data is visited chunk by
+ * chunk (kChunk channels), so what one chunk's loops touch stays in L1 and each source's window and
+ * taps are read from L2 or beyond once per pass and tile:
+ *   0. every source's window for the tile (TILE + kmax - 1 rows, zeros before t = 0): float32 rows
+ *      read where they are when the tile lies inside the sequence, else converted once into a
+ *      chunk-major float32 copy;
+ *   1. per source, chunk and stream, the conv views of kRegs tokens in registers (taps and the
+ *      window's rows each loaded once per kRegs tokens: the loops are unrolled for each kernel size)
+ *      and their q . v and v . v -> scores;
  *   2. the max-subtracted softmax over the sources;
- *   3. per chunk, the views again (24 FMAs per channel; a stored view buffer
- *      was no faster and grows with n: docs/ort_kernels.md), z accumulated in
- *      an L1 buffer, the gate logits' partial sums; then the gates and h.
- * Taps are converted once per call into [source][chunk][tap][kChunk], the
- * order the loops read them.
+ *   3. per chunk: z of every token of the tile for that chunk in an L1 buffer, summed over the sources
+ *      (the views recomputed: 24 FMAs per channel; a stored view buffer grows with n and was no
+ *      faster, docs/ort_kernels.md), then the gate logits' partial sums; finally the gates and h.
+ * Taps are converted once per call into [source][chunk][tap][kChunk], the order the loops read them.
  */
+#include "cpuConvViews.h"
 #include "cpuKernels.h"
 #include "cpuVector.h"
 
@@ -26,10 +27,10 @@ namespace msar::cpu
 namespace
 {
 
-constexpr int64_t kMaxStreams = 8;   // MSAR_MAX_STREAMS (common/msarKernelTypes.h)
-constexpr int64_t kChunk = 8 * kVW;  // channels whose rows, taps and sums stay in L1 together
-constexpr int64_t kRegs = 8;         // tokens whose views are in registers together
-constexpr int64_t kTile = 32;        // tokens per work item: the window's halo (kmax - 1 rows) read once for them
+constexpr int64_t kMaxStreams = 8;  // MSAR_MAX_STREAMS (common/msarKernelTypes.h)
+using views::kChunk;
+constexpr int64_t kRegs = 4;    // tokens whose views are in registers together (8 spill: 12 taps + 3 x 8 sums)
+constexpr int64_t kTile = 32;   // tokens per work item: the taps and the window's halo read once for them
 
 struct Prepared
 {
@@ -54,7 +55,7 @@ struct Scratch
 {
     std::vector<float> windows, scores, zchunk, z, h;
     std::vector<Window> views;
-    std::vector<vf> logits;
+    std::vector<vf> parts, logits;
 };
 
 thread_local Scratch tScratch;
@@ -69,163 +70,80 @@ typename V::value_type* sized(V& v, int64_t n)
     return v.data();
 }
 
-//! Stream r's views of one chunk for TILE tokens, in acc; rows: the chunk's window rows.
-template <int64_t TILE>
-inline void streamViews(Prepared const& P, int64_t r, float const* rows, int64_t rs, float const* taps, int64_t cc, vf* acc)
+//! Pass 1: the views' q . v and v . v, summed over the chunk in registers, into parts[t][r][2].
+template <int64_t R>
+struct ScoreSink
 {
-    int64_t const k = P.p->kernels[r];
-    float const* first = rows + (P.H - (k - 1)) * rs + cc;  // tap j multiplies token t-(k-1-j)
-    if (r == 0)
+    float const* q;  // this stream's query, this chunk
+    vf* parts;    // [TILE][m][2] for stream r: parts + (t * m + r) * 2
+    int64_t m;
+    vf dot[R] = {}, squares[R] = {};
+    void begin(int64_t)
     {
-        for (int64_t t = 0; t < TILE; ++t)
+        for (int64_t t = 0; t < R; ++t)
         {
-            acc[t] = vload(first + t * rs);
-        }
-        return;
-    }
-    taps += P.offsets[r] * kChunk + cc;
-    for (int64_t t = 0; t < TILE; ++t)
-    {
-        acc[t] = vf{};
-    }
-    for (int64_t j = 0; j < k; ++j)
-    {
-        vf const w = vload(taps + j * kChunk);
-        for (int64_t t = 0; t < TILE; ++t)
-        {
-            acc[t] += w * vload(first + (j + t) * rs);
+            dot[t] = squares[t] = vf{};
         }
     }
-}
+    void take(int64_t, int64_t cc, vf const* acc)
+    {
+        vf const qv = vload(q + cc);
+        for (int64_t t = 0; t < R; ++t)
+        {
+            dot[t] += qv * acc[t];
+            squares[t] += acc[t] * acc[t];
+        }
+    }
+    void end(int64_t s)
+    {
+        for (int64_t t = 0; t < R; ++t)
+        {
+            parts[((s + t) * m) * 2] += dot[t];
+            parts[((s + t) * m) * 2 + 1] += squares[t];
+        }
+    }
+};
 
-//! Pass 1 for source i: scores[t][r] = q^(r) . RMSNorm(v^(r)_t).
-template <int64_t TILE>
-void scoresOf(Prepared const& P, int64_t i, Window const& window, float* scores)
+//! Pass 3: z[t][r][chunk] += alpha[i][t][r] v, the chunk's z in L1.
+template <int64_t R>
+struct ZSink
 {
-    int64_t const m = P.m;
-    vf parts[TILE * kMaxStreams * 2] = {};
-    for (int64_t ch = 0; ch < P.chunks; ++ch)
+    float const* alpha;  // alpha[i] + r: token t at alpha[t * m]
+    float* z;            // zchunk + r * kChunk: token t at z + t * m * kChunk
+    int64_t m;
+    vf a[R] = {};
+    void begin(int64_t s)
     {
-        float const* win = window.base + ch * window.chunk;
-        float const* taps = P.taps.data() + (i * P.chunks + ch) * P.K * kChunk;
-        for (int64_t r = 0; r < m; ++r)
+        for (int64_t t = 0; t < R; ++t)
         {
-            vf dot[TILE] = {}, squares[TILE] = {};
-            for (int64_t cc = 0; cc < kChunk; cc += kVW)
-            {
-                vf acc[TILE];
-                streamViews<TILE>(P, r, win, window.row, taps, cc, acc);
-                vf const q = vload(P.query.data() + r * P.dp + ch * kChunk + cc);
-                for (int64_t t = 0; t < TILE; ++t)
-                {
-                    dot[t] += q * acc[t];
-                    squares[t] += acc[t] * acc[t];
-                }
-            }
-            for (int64_t t = 0; t < TILE; ++t)
-            {
-                parts[(t * m + r) * 2] += dot[t];
-                parts[(t * m + r) * 2 + 1] += squares[t];
-            }
+            a[t] = vsplat(alpha[(s + t) * m]);
         }
     }
-    for (int64_t tr = 0; tr < TILE * m; ++tr)
+    void take(int64_t s, int64_t cc, vf const* acc)
     {
-        scores[tr] = score(hsum(parts[tr * 2]), hsum(parts[tr * 2 + 1]), P.p->d, P.p->eps);
-    }
-}
-
-//! scores[i][tr] -> alpha in place: softmax over i, max-subtracted.
-void softmaxOverSources(float* scores, int64_t n, int64_t stride)
-{
-    for (int64_t tr = 0; tr < stride; ++tr)
-    {
-        float max = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < n; ++i)
+        for (int64_t t = 0; t < R; ++t)
         {
-            max = std::max(max, scores[i * stride + tr]);
-        }
-        float sum = 0.F;
-        for (int64_t i = 0; i < n; ++i)
-        {
-            float& s = scores[i * stride + tr];
-            s = std::exp(s - max);
-            sum += s;
-        }
-        float const inv = 1.F / sum;
-        for (int64_t i = 0; i < n; ++i)
-        {
-            scores[i * stride + tr] *= inv;
+            float* zp = z + (s + t) * m * kChunk + cc;
+            vstore(zp, vload(zp) + a[t] * acc[t]);
         }
     }
-}
-
-//! Pass 3: z[t][r][:] = sum_i alpha[i][t][r] v_i[t][r][:] chunk by chunk, and the gate logits'
-//! partial sums logits[t][o] (vectors) = sum_r W[o][r-block] . z[t][r].
-template <int64_t TILE>
-void retrieve(Prepared const& P, Window const* windows, int64_t shift, float const* alpha, int64_t stride, float* zchunk,
-              float* z, vf* logits)
-{
-    FusedMixerProblem const& p = *P.p;
-    int64_t const m = P.m, dp = P.dp;
-    std::fill_n(logits, TILE * m, vf{});
-    for (int64_t ch = 0; ch < P.chunks; ++ch)
-    {
-        std::fill_n(zchunk, TILE * m * kChunk, 0.F);
-        for (int64_t i = 0; i < p.n; ++i)
-        {
-            float const* win = windows[i].base + ch * windows[i].chunk + shift * windows[i].row;
-            float const* taps = P.taps.data() + (i * P.chunks + ch) * P.K * kChunk;
-            for (int64_t r = 0; r < m; ++r)
-            {
-                vf a[TILE];
-                for (int64_t t = 0; t < TILE; ++t)
-                {
-                    a[t] = vsplat(alpha[i * stride + t * m + r]);
-                }
-                for (int64_t cc = 0; cc < kChunk; cc += kVW)
-                {
-                    vf acc[TILE];
-                    streamViews<TILE>(P, r, win, windows[i].row, taps, cc, acc);
-                    for (int64_t t = 0; t < TILE; ++t)
-                    {
-                        float* zp = zchunk + (t * m + r) * kChunk + cc;
-                        vstore(zp, vload(zp) + a[t] * acc[t]);
-                    }
-                }
-            }
-        }
-        for (int64_t t = 0; t < TILE; ++t)
-        {
-            for (int64_t r = 0; r < m; ++r)
-            {
-                float const* zc = zchunk + (t * m + r) * kChunk;
-                std::copy_n(zc, kChunk, z + (t * m + r) * dp + ch * kChunk);
-                for (int64_t o = 0; o < m; ++o)
-                {
-                    float const* w = P.gate.data() + (o * m + r) * dp + ch * kChunk;
-                    for (int64_t cc = 0; cc < kChunk; cc += kVW)
-                    {
-                        logits[t * m + o] += vload(w + cc) * vload(zc + cc);
-                    }
-                }
-            }
-        }
-    }
-}
+    void end(int64_t) {}
+};
 
 template <int64_t TILE>
 void runTile(Prepared const& P, int64_t item)
 {
+    constexpr int64_t R = TILE < kRegs ? TILE : kRegs;
     FusedMixerProblem const& p = *P.p;
     int64_t const dp = P.dp, m = P.m, H = P.H, d = p.d, rows = TILE + H;
     int64_t const b = item / P.tiles, t0 = (item % P.tiles) * TILE, tn = std::min(TILE, p.T - t0);
     Scratch& s = tScratch;
     float* windows = sized(s.windows, p.n * rows * dp);
     float* scores = sized(s.scores, p.n * TILE * m);
-    float* zchunk = sized(s.zchunk, kRegs * m * kChunk);
+    float* zchunk = sized(s.zchunk, TILE * m * kChunk);
     float* z = sized(s.z, TILE * m * dp);
     float* h = sized(s.h, dp);
+    vf* parts = sized(s.parts, TILE * m * 2);
     vf* logits = sized(s.logits, TILE * m);
     Window* window = sized(s.views, p.n);
     // float32 rows whose chunks are whole are read where they are (no copy) once the tile's
@@ -259,18 +177,79 @@ void runTile(Prepared const& P, int64_t item)
                 }
             }
         }
-        constexpr int64_t R = TILE < kRegs ? TILE : kRegs;
-        for (int64_t t = 0; t < tn; t += R)
+        // pass 1
+        std::fill_n(parts, TILE * m * 2, vf{});
+        for (int64_t ch = 0; ch < P.chunks; ++ch)
         {
-            Window const shifted{window[i].base + t * window[i].row, window[i].chunk, window[i].row};
-            scoresOf<R>(P, i, shifted, scores + i * TILE * m + t * m);
+            float const* win = window[i].base + ch * window[i].chunk;
+            float const* taps = P.taps.data() + (i * P.chunks + ch) * P.K * kChunk;
+            for (int64_t r = 0; r < m; ++r)
+            {
+                int64_t const k = p.kernels[r];
+                ScoreSink<R> sink{P.query.data() + r * dp + ch * kChunk, parts + r * 2, m};
+                views::dispatchStream<TILE, R>(k, win + (H - (k - 1)) * window[i].row, window[i].row,
+                                        taps + P.offsets[r] * kChunk, sink);
+            }
+        }
+        for (int64_t tr = 0; tr < TILE * m; ++tr)
+        {
+            scores[i * TILE * m + tr] = score(hsum(parts[tr * 2]), hsum(parts[tr * 2 + 1]), d, p.eps);
         }
     }
-    softmaxOverSources(scores, p.n, TILE * m);
-    constexpr int64_t R = TILE < kRegs ? TILE : kRegs;
-    for (int64_t t = 0; t < tn; t += R)
+    // pass 2: scores[i][t][r] -> alpha, max-subtracted softmax over i
+    for (int64_t tr = 0; tr < TILE * m; ++tr)
     {
-        retrieve<R>(P, window, t, scores + t * m, TILE * m, zchunk, z + t * m * dp, logits + t * m);
+        float max = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < p.n; ++i)
+        {
+            max = std::max(max, scores[i * TILE * m + tr]);
+        }
+        float sum = 0.F;
+        for (int64_t i = 0; i < p.n; ++i)
+        {
+            float& e = scores[i * TILE * m + tr];
+            e = std::exp(e - max);
+            sum += e;
+        }
+        float const inv = 1.F / sum;
+        for (int64_t i = 0; i < p.n; ++i)
+        {
+            scores[i * TILE * m + tr] *= inv;
+        }
+    }
+    // pass 3
+    std::fill_n(logits, TILE * m, vf{});
+    for (int64_t ch = 0; ch < P.chunks; ++ch)
+    {
+        std::fill_n(zchunk, TILE * m * kChunk, 0.F);
+        for (int64_t i = 0; i < p.n; ++i)
+        {
+            float const* win = window[i].base + ch * window[i].chunk;
+            float const* taps = P.taps.data() + (i * P.chunks + ch) * P.K * kChunk;
+            for (int64_t r = 0; r < m; ++r)
+            {
+                int64_t const k = p.kernels[r];
+                ZSink<R> sink{scores + i * TILE * m + r, zchunk + r * kChunk, m};
+                views::dispatchStream<TILE, R>(k, win + (H - (k - 1)) * window[i].row, window[i].row,
+                                        taps + P.offsets[r] * kChunk, sink);
+            }
+        }
+        for (int64_t t = 0; t < tn; ++t)
+        {
+            for (int64_t r = 0; r < m; ++r)
+            {
+                float const* zc = zchunk + (t * m + r) * kChunk;
+                std::copy_n(zc, kChunk, z + (t * m + r) * dp + ch * kChunk);
+                for (int64_t o = 0; o < m; ++o)
+                {
+                    float const* w = P.gate.data() + (o * m + r) * dp + ch * kChunk;
+                    for (int64_t cc = 0; cc < kChunk; cc += kVW)
+                    {
+                        logits[t * m + o] += vload(w + cc) * vload(zc + cc);
+                    }
+                }
+            }
+        }
     }
     for (int64_t t = 0; t < tn; ++t)
     {

@@ -26,6 +26,7 @@ enum class Storage
 };
 
 //! Runs fn(data, i) for i in [0, total); ORT's intra-op pool in the library, a loop in tests.
+//! batch: 0 lets the pool split the work, 1 runs it on the calling thread.
 struct Parallel
 {
     virtual ~Parallel() = default;

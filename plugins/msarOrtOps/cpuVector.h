@@ -8,6 +8,7 @@
 
 #include "cpuKernels.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -120,9 +121,7 @@ inline void storeRow(void* dst, int64_t offset, float const* src, int64_t count,
 
 } // namespace msar::cpu
 
-#endif // MSAR_ORT_CPU_VECTOR_H
 
-#include <cmath>
 
 namespace msar::cpu
 {
@@ -176,3 +175,5 @@ inline void onlineAdd(float* z, float const* v, int64_t dp, float s, float& max,
 }
 
 } // namespace msar::cpu
+
+#endif // MSAR_ORT_CPU_VECTOR_H

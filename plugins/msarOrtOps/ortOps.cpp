@@ -40,9 +40,13 @@ public:
     explicit OrtParallel(Ort::KernelContext const& ctx) : mCtx(ctx) {}
     void run(std::size_t total, std::size_t batch, void (*fn)(void*, std::size_t), void* data) const override
     {
-        if (total == 1)
+        if (total == 1 || batch == 1)
         {
-            fn(data, 0);  // no pool round trip for a single item (decode, batch 1)
+            // no pool round trip for one item, or for work the caller says is too small to share
+            for (std::size_t i = 0; i < total; ++i)
+            {
+                fn(data, i);
+            }
             return;
         }
         mCtx.ParallelFor(fn, total, batch, data);
@@ -64,11 +68,14 @@ std::string shapeText(Shape const& s)
     return out.str();
 }
 
-void expect(bool ok, char const* op, std::string const& what)
+//! `what` builds the message only on failure: a decode step checks every source, and building the
+//! strings cost more than the kernel there.
+template <typename Message>
+void expect(bool ok, char const* op, Message const& what)
 {
     if (!ok)
     {
-        throw std::invalid_argument(std::string("msar::") + op + ": " + what);
+        throw std::invalid_argument(std::string("msar::") + op + ": " + std::string(what()));
     }
 }
 
@@ -118,10 +125,10 @@ struct FusedMixerKernel
     {
         char const* op = kName;
         std::size_t const count = ctx.GetInputCount();
-        expect(count > kFixed, op, "needs at least one source");
+        expect(count > kFixed, op, [&] { return "needs at least one source"; });
         Input q = input(ctx, 0), gw = input(ctx, 1), gb = input(ctx, 2), gs = input(ctx, 3), cw = input(ctx, 4);
         Input x0 = input(ctx, kFixed);
-        expect(x0.shape.size() == 3, op, "sources must be [B, T, d], got " + shapeText(x0.shape));
+        expect(x0.shape.size() == 3, op, [&] { return "sources must be [B, T, d], got " + shapeText(x0.shape); });
         int64_t const B = x0.shape[0], T = x0.shape[1], d = x0.shape[2];
         auto const m = static_cast<int64_t>(mKernels.size());
         int64_t K = 0;
@@ -130,20 +137,25 @@ struct FusedMixerKernel
             K += mKernels[r];
         }
         int64_t const n = static_cast<int64_t>(count - kFixed);
-        expect(q.shape == Shape{m, d}, op, "query must be [m, d] = " + shapeText({m, d}) + ", got " + shapeText(q.shape));
-        expect(gw.shape == Shape{m, m * d}, op, "gate_weight must be " + shapeText({m, m * d}) + ", got " + shapeText(gw.shape));
-        expect(gb.shape == Shape{m}, op, "gate_bias must be " + shapeText({m}) + ", got " + shapeText(gb.shape));
-        expect(gs.shape.empty() || gs.shape == Shape{1}, op, "gate_scale must be a scalar, got " + shapeText(gs.shape));
-        expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == K && cw.shape[2] == d, op,
+        expect(q.shape == Shape{m, d}, op,
+               [&] { return "query must be [m, d] = " + shapeText({m, d}) + ", got " + shapeText(q.shape); });
+        expect(gw.shape == Shape{m, m * d}, op,
+               [&] { return "gate_weight must be " + shapeText({m, m * d}) + ", got " + shapeText(gw.shape); });
+        expect(gb.shape == Shape{m}, op,
+               [&] { return "gate_bias must be " + shapeText({m}) + ", got " + shapeText(gb.shape); });
+        expect(gs.shape.empty() || gs.shape == Shape{1}, op,
+               [&] { return "gate_scale must be a scalar, got " + shapeText(gs.shape); });
+        expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == K && cw.shape[2] == d, op, [&] { return
                "conv_weight must be [N >= " + std::to_string(n) + ", K = " + std::to_string(K) + ", d = "
-                   + std::to_string(d) + "], got " + shapeText(cw.shape));
+                   + std::to_string(d) + "], got " + shapeText(cw.shape); });
         msar::cpu::FusedMixerProblem p{mStorage, B, T, d, n, mKernels, mEps, q.data, gw.data, gb.data, gs.data, cw.data,
                                        {}, nullptr};
         for (int64_t i = 0; i < n; ++i)
         {
             Input x = input(ctx, kFixed + i);
-            expect(x.shape == x0.shape, op, "source " + std::to_string(i) + " is " + shapeText(x.shape) + ", source 0 is "
-                                                + shapeText(x0.shape));
+            expect(x.shape == x0.shape, op, [&] {
+                return "source " + std::to_string(i) + " is " + shapeText(x.shape) + ", source 0 is " + shapeText(x0.shape);
+            });
             p.sources.push_back(x.data);
         }
         p.h = ctx.GetOutput(0, x0.shape).GetTensorMutableRawData();
@@ -172,17 +184,19 @@ struct DepthRetrievalKernel
     {
         char const* op = kName;
         std::size_t const count = ctx.GetInputCount();
-        expect(count > kFixed, op, "needs at least one view");
+        expect(count > kFixed, op, [&] { return "needs at least one view"; });
         Input q = input(ctx, 0), v0 = input(ctx, kFixed);
-        expect(v0.shape.size() == 4, op, "views must be [B, T, m, d], got " + shapeText(v0.shape));
+        expect(v0.shape.size() == 4, op, [&] { return "views must be [B, T, m, d], got " + shapeText(v0.shape); });
         int64_t const B = v0.shape[0], T = v0.shape[1], m = v0.shape[2], d = v0.shape[3];
-        expect(q.shape == Shape{m, d}, op, "query must be " + shapeText({m, d}) + ", got " + shapeText(q.shape));
+        expect(q.shape == Shape{m, d}, op,
+               [&] { return "query must be " + shapeText({m, d}) + ", got " + shapeText(q.shape); });
         msar::cpu::DepthRetrievalProblem p{mStorage, B, T, m, d, static_cast<int64_t>(count - kFixed), mEps, q.data, {}, nullptr};
         for (std::size_t i = kFixed; i < count; ++i)
         {
             Input v = input(ctx, i);
-            expect(v.shape == v0.shape, op, "view " + std::to_string(i - kFixed) + " is " + shapeText(v.shape)
-                                                + ", view 0 is " + shapeText(v0.shape));
+            expect(v.shape == v0.shape, op, [&] {
+                return "view " + std::to_string(i - kFixed) + " is " + shapeText(v.shape) + ", view 0 is " + shapeText(v0.shape);
+            });
             p.views.push_back(v.data);
         }
         p.z = ctx.GetOutput(0, v0.shape).GetTensorMutableRawData();
