@@ -86,6 +86,12 @@ def ort_run(q, views, dtype, ort_ops: str) -> torch.Tensor:
     return torch.from_numpy(np.asarray(s.run(None, feeds)[0], dtype=np.float64))
 
 
+def bf16_bar(ref) -> tuple[float, float]:
+    """A bfloat16 graph's own output rounding (the exact output rounded) and the bar verdict.bound makes of it."""
+    floor = verdict.rel_err(ref.to(torch.bfloat16).double(), ref)
+    return floor, verdict.bound(floor, "bfloat16")
+
+
 def emulation_error(lib, q, views, ref, store) -> float:
     """rel_err against `ref` of the kernel (emulated) over the views as `store` keeps them; the query in their dtype."""
     kept = [store(v) for v in views]
@@ -97,8 +103,8 @@ def measure(lib, cases, ort: bool) -> list[dict]:
     rows = []
     for name, q, views in cases:
         ref = K.reference_depth_retrieval64(q, views, EPS)
-        floor = verdict.rel_err(ref.to(torch.bfloat16).double(), ref)  # a bfloat16 graph's output rounding
-        row = dict(case=name, bf16_output_rounding=floor, bf16_bound=verdict.bound(floor, "bfloat16"))
+        floor, bar = bf16_bar(ref)
+        row = dict(case=name, bf16_output_rounding=floor, bf16_bound=bar)
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             tag = str(dtype).removeprefix("torch.")
             row[f"emulation {tag}"] = emulation_error(lib, q, views, ref, lambda v, dtype=dtype: v.to(dtype))
