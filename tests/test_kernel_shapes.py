@@ -90,6 +90,12 @@ def test_cost_model_constants_are_the_plans():
     assert kernel_model.TILE_INSTR == const("kTileInstrPerElementToken")
     assert kernel_model.WARP_INSTR == const("kWarpInstrPerElementToken")
     assert kernel_model.WARPS_FULL_ISSUE == const("kWarpsForFullIssue")
+    # Its mirror of planTile's tile choice, at the plans indexTest checks: bf16 d 4096 two tokens (z 128 KiB),
+    # d 1024 four, fp32 d 8192 one, 8 streams at fp32 d 8192 none (the warp kernel).
+    assert kernel_model.tile_plan(2, 4, 4096)[:2] == (2, 256)
+    assert kernel_model.tile_plan(2, 4, 1024)[0] == 4
+    assert kernel_model.tile_plan(4, 4, 8192)[0] == 1
+    assert kernel_model.tile_plan(4, 8, 8192) is None
 
 
 TILE_CASES = [  # (n, stream_kernels, B, T, d), unsplit
