@@ -13,11 +13,14 @@
 # $OUT/gpu_check when $OUT is set, else build/gpu_check).
 #
 #   scripts/gpu_check.sh [--quick]   # --quick: harness and correctness only
+#   scripts/gpu_check.sh --build-only # no GPU needed: the device build alone (nvcc, sm MSAR_CUDA_ARCH, default 90),
+#                                    # the harness included with TENSORRT_INCLUDE_DIR: checks a GPU run will compile
 #   scripts/gpu_check.sh --dry-run   # no GPU: every host-side step on the CPU emulation (the build, the
 #                                    # harness, the check, timing and report code at tiny shapes, the ncu
 #                                    # report parser); tests/test_gpu_check.py runs it
 # Environment: PYTHON (default .venv/bin/python or python3), NVCC (default nvcc), MSAR_GPU_CHECK_BUDGET_S
-# (default 540), TENSORRT_INCLUDE_DIR, MSAR_GPU_CHECK_BUILD (a configured build folder to reuse).
+# (default 540), TENSORRT_INCLUDE_DIR (outside this checkout or in a folder git ignores, e.g. build/),
+# MSAR_CUDA_ARCH (--build-only; a GPU run takes the device's), MSAR_GPU_CHECK_BUILD (a configured build folder to reuse).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,15 +33,27 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # msar_export from this che
 if [ -n "${OUT:-}" ]; then DEFAULT_DIR="$OUT/gpu_check"; else DEFAULT_DIR=build/gpu_check; fi
 DIR=${MSAR_GPU_CHECK_DIR:-$DEFAULT_DIR}
 BUDGET=${MSAR_GPU_CHECK_BUDGET_S:-540}
+# TensorRT's headers are never committed here: a folder inside the checkout that git would track is refused
+# (an ignored one, e.g. under build/, may be how a device session carries them).
+if [ -n "${TENSORRT_INCLUDE_DIR:-}" ] && [ -d "$TENSORRT_INCLUDE_DIR" ]; then
+    inc=$(cd "$TENSORRT_INCLUDE_DIR" && pwd -P)
+    case "$inc/" in
+        "$(pwd -P)/"*) if git rev-parse --git-dir >/dev/null 2>&1 && ! git check-ignore -q "$inc"; then
+            echo "TENSORRT_INCLUDE_DIR=$TENSORRT_INCLUDE_DIR is inside this checkout and not ignored by git: unpack" \
+                 "TensorRT's headers outside it or under build/ (they must never be committed here)" >&2; exit 2
+        fi ;;
+    esac
+fi
 MODE=full
 case "${1:-}" in
     --quick) MODE=quick ;;
     --dry-run) MODE=dry ;;
+    --build-only) MODE=build ;;
     "") ;;
-    *) echo "usage: scripts/gpu_check.sh [--quick|--dry-run]" >&2; exit 2 ;;
+    *) echo "usage: scripts/gpu_check.sh [--quick|--dry-run|--build-only]" >&2; exit 2 ;;
 esac
 
-if [ "$MODE" != dry ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+if [ "$MODE" != dry ] && [ "$MODE" != build ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
     echo "skipped: no CUDA device"
     exit 0
 fi
@@ -77,7 +92,11 @@ if [ "$MODE" = dry ]; then
     cfg=(-DMSAR_CUDA=OFF)
     LIBTARGET=msar_emulation; LIB="$BUILD/tests/libmsar_emulation.so"; CHECK_LIB=(--emulation "$LIB" --dry-run)
 else
-    ARCH=$("$PY" -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}')")
+    if [ "$MODE" = build ]; then
+        ARCH=${MSAR_CUDA_ARCH:-90}
+    else
+        ARCH=$("$PY" -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}')")
+    fi
     cfg=("-DCMAKE_CUDA_COMPILER=$(command -v "$NVCC")" "-DCMAKE_CUDA_ARCHITECTURES=$ARCH-real" -DMSAR_PTXAS_VERBOSE=ON)
     LIBTARGET=msar_kernels; LIB="$BUILD/libmsar_kernels.so"; CHECK_LIB=(--lib "$LIB")
 fi
@@ -94,6 +113,11 @@ stage build 360 bash -c 'b=$1 t=$2; shift 2
     [ -f "$b/build.ninja" ] || cmake -S plugins -B "$b" -G Ninja -DMSAR_WERROR=ON "-DTENSORRT_INCLUDE_DIR=${TENSORRT_INCLUDE_DIR:-}" "$@" || exit 1
     cmake --build "$b" --target $t' _ "$BUILD" "${targets[*]}" "${cfg[@]}" || { note "# gpu_check: exit 1 after ${SECONDS} s (build failed)"; exit 1; }
 grep -E "ptxas|registers|spill|bytes stack" "$DIR/build.log" >"$DIR/ptxas.txt"
+if [ "$MODE" = build ]; then
+    [ -n "$HARNESS" ] && [ -x "$HARNESS" ] && note "ok: device harness built ($HARNESS, sm $ARCH; not run: --build-only)"
+    note "# gpu_check: exit $status after ${SECONDS} s (build only)"
+    exit $status
+fi
 
 # 2. The plugin harness (the device build, or the emulation's in a dry run).
 if [ -n "$HARNESS" ]; then

@@ -82,3 +82,33 @@ def test_ncu_report_parser(tmp_path):
     assert len(lines) == 1 and "Duration" in lines[0] and lines[0].endswith("12.5 us")
     (tmp_path / "empty.csv").write_text("")
     assert ncu_summary.summary_lines(str(tmp_path / "empty.csv")) == []
+
+
+@pytest.mark.slow
+def test_device_build_compiles_the_harness(tmp_path):
+    """`gpu_check.sh --build-only`: what a GPU run builds first (the CUDA kernels and, with TensorRT headers from a
+    folder outside the checkout, the plugin harness on them), compiled here by nvcc for sm_90, nothing run. A few
+    minutes of nvcc: the device's minutes are not spent on a compile error."""
+    if shutil.which(os.environ.get("NVCC", "nvcc")) is None or trt_headers() is None:
+        pytest.skip("needs nvcc and TENSORRT_INCLUDE_DIR (TensorRT's include/ folder)")
+    env = {**os.environ, "PYTHON": sys.executable, "MSAR_GPU_CHECK_DIR": str(tmp_path / "out"),
+           "MSAR_GPU_CHECK_BUILD": str(tmp_path / "build")}
+    r = subprocess.run([str(SCRIPTS / "gpu_check.sh"), "--build-only"], capture_output=True, text=True, env=env,
+                       timeout=1800)
+    assert r.returncode == 0, r.stdout + (tmp_path / "out" / "build.log").read_text()[-4000:]
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "ok: build" in summary and "ok: device harness built" in summary, summary
+    assert "registers" in (tmp_path / "out" / "ptxas.txt").read_text()  # ptxas ran: device code was compiled
+
+
+def test_headers_inside_the_checkout_are_refused(tmp_path):
+    """TensorRT's headers are never committed here: a TENSORRT_INCLUDE_DIR inside the checkout that git would track
+    is a usage error (exit 2) before anything else; with a folder outside, the same call gets past that check to
+    the next one (an unknown option here, so nothing runs)."""
+    def call(include: Path):
+        return subprocess.run([str(SCRIPTS / "gpu_check.sh"), "--no-such-mode"], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "TENSORRT_INCLUDE_DIR": str(include)})
+
+    inside, outside = call(REPO / "plugins"), call(tmp_path)
+    assert inside.returncode == 2 and "inside this checkout and not ignored" in inside.stderr, inside.stderr
+    assert outside.returncode == 2 and "usage" in outside.stderr and "inside" not in outside.stderr, outside.stderr

@@ -4,9 +4,9 @@ fp32 within 1e-5, fp16/bf16 within 1e-2.
 
 Paths (plugins/msarFusedMixerPlugin/fusedMixerPlan.h): the tile kernel with
 vector or scalar loads and 1, 2 or 4 tokens per block, split over source
-ranges with a log-sum-exp merge when B*T is small (not without a workspace), and the warp kernel for many tokens per SM or m*d
-too large for shared memory. The emulated GPU has 132 SMs unless
-MSAR_EMU_SM_COUNT says otherwise (1 SM: more than 8 tokens take the warp kernel).
+ranges with a log-sum-exp merge when B*T is small (not without a workspace), and the warp kernel where m*d is too
+large for shared memory (or the plan's cost model rates it faster). The emulated GPU has 132 SMs and 227 KiB of
+shared memory per block unless MSAR_EMU_SM_COUNT / MSAR_EMU_SMEM_OPTIN say otherwise.
 Index arithmetic beyond 2^31 elements: plugins/tests/indexTest.cpp.
 """
 
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from plugin_build import emulation, run_cpp_test
+from plugin_build import PLUGINS, emulation, run_cpp_test
 
 from msar_export import kernels as K
 
@@ -43,10 +44,58 @@ def mixer_error(lib, inp, split: bool = True) -> float:
     return K.rel_err(got, K.reference_fused_mixer64(**inp))
 
 
-def test_index_math_and_plans_beyond_2_31():
-    r = run_cpp_test("indexTest", timeout=60)
-    assert r.returncode == 0, r.stdout
-    assert re.fullmatch(r"indexTest: \d+ checks passed\n", r.stdout)
+@pytest.fixture(scope="module")
+def index_test():
+    return run_cpp_test("indexTest", timeout=60)
+
+
+def assert_catches_a_wrong_tap(lib, inp, source: int):
+    """The mixer passes the 1e-5 bar against its float64 reference, and fails it against a reference whose
+    current-token tap of stream 1 (index 3) is 2% off in one source: the comparison can fail."""
+    got = lib.fused_mixer(**inp)
+    assert K.rel_err(got, K.reference_fused_mixer64(**inp)) <= 1e-5
+    wrong = dict(inp, conv_weight=inp["conv_weight"].clone())
+    wrong["conv_weight"][source, 3, :] *= 1.02
+    assert K.rel_err(got, K.reference_fused_mixer64(**wrong)) > 1e-5
+
+
+def test_index_math_and_plans_beyond_2_31(index_test):
+    assert index_test.returncode == 0, index_test.stdout
+    assert re.search(r"\nindexTest: \d+ checks passed\n\Z", index_test.stdout), index_test.stdout
+
+
+def test_plan_has_no_step_at_the_old_crossover(index_test):
+    """Issue 23 defect 6, on the plan's own cost model (fusedMixerPlan.h modelMixerClocks), H200-sized (132 SMs):
+    from T to T+1 across the old tile/warp crossover (8 tokens per SM: 1,056 tokens) the modelled time moves by
+    at most 1%. Negative control in the same sweeps: the old rule (warp kernel above 8 tokens per SM) jumps
+    there. indexTest checks both and prints the figures this test reads."""
+    lines = re.findall(r"crossover (.+): plan max step ([\d.]+)% at T=(\d+), old rule ([\d.]+)% at T=(\d+)",
+                       index_test.stdout)
+    assert len(lines) == 4 and any(name.startswith("bf16 B=1 T=1000..1100 d=4096") for name, *_ in lines), lines
+    for name, new, _, old, old_at in lines:
+        assert float(new) <= 1.0, name
+        assert float(old) > 1.0 and int(old_at) * (4 if "B=4" in name else 1) == 1056, name
+
+
+def test_cost_model_constants_are_the_plans():
+    """scripts/kernel_model.py (docs/kernels.md's rows, gpu_check's 'x model' ratios) and the plan's cost model
+    must price the kernels alike: the same instruction counts and issue model, read from the header."""
+    header = (Path(__file__).resolve().parent.parent / "plugins/msarFusedMixerPlugin/fusedMixerPlan.h").read_text()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import kernel_model
+
+    def const(name):
+        return float(re.search(rf"constexpr \w+ {name} = ([\d.]+);", header).group(1))
+
+    assert kernel_model.TILE_INSTR == const("kTileInstrPerElementToken")
+    assert kernel_model.WARP_INSTR == const("kWarpInstrPerElementToken")
+    assert kernel_model.WARPS_FULL_ISSUE == const("kWarpsForFullIssue")
+    # Its mirror of planTile's tile choice, at the plans indexTest checks: bf16 d 4096 two tokens (z 128 KiB),
+    # d 1024 four, fp32 d 8192 one, 8 streams at fp32 d 8192 none (the warp kernel).
+    assert kernel_model.tile_plan(2, 4, 4096)[:2] == (2, 256)
+    assert kernel_model.tile_plan(2, 4, 1024)[0] == 4
+    assert kernel_model.tile_plan(4, 4, 8192)[0] == 1
+    assert kernel_model.tile_plan(4, 8, 8192) is None
 
 
 TILE_CASES = [  # (n, stream_kernels, B, T, d), unsplit
@@ -67,12 +116,39 @@ def test_tile_kernel(emulated, n, ks, B, T, d, dtype):
     assert mixer_error(emulated, inp, split=False) <= BOUND[dtype]
 
 
-@pytest.mark.parametrize("ks", [[1, 3, 5], [1, 2, 3, 4, 5, 6, 7, 8]], ids=["m3", "m8"])
-def test_many_tokens_per_sm_take_the_warp_kernel(emulated, monkeypatch, ks):
-    """One emulated SM: 20 tokens are over 8 per SM, so the warp kernel runs."""
+AROUND_CROSSOVER = [(2, 16), (2, 17), (1, 8), (1, 9)]  # (emulated SMs, T): 8 tokens per SM and one more
+
+
+@pytest.mark.parametrize("sms,T", AROUND_CROSSOVER, ids=[f"sm{c[0]}-T{c[1]}" for c in AROUND_CROSSOVER])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_around_the_old_crossover(emulated, monkeypatch, sms, T, dtype):
+    """Issue 23 defect 6: where the old plan switched to the warp kernel (8 tokens per SM; a few emulated SMs put
+    it at a shape the emulation runs), the kernel the plan now picks, against float64."""
+    monkeypatch.setenv("MSAR_EMU_SM_COUNT", str(sms))
+    inp = K.random_fused_mixer_inputs(5, 1, T, 64, MAIN, dtype=dtype, seed=T)
+    assert mixer_error(emulated, inp) <= BOUND[dtype]
+
+
+def test_around_the_old_crossover_catches_a_wrong_tap(emulated, monkeypatch):
+    """Negative control of the comparison above: one tap of one source 2% off in the reference fails 1e-5."""
     monkeypatch.setenv("MSAR_EMU_SM_COUNT", "1")
-    inp = K.random_fused_mixer_inputs(3, 2, 10, 40, ks, seed=21)
-    assert mixer_error(emulated, inp) <= 1e-5
+    assert_catches_a_wrong_tap(emulated, K.random_fused_mixer_inputs(5, 1, 9, 64, MAIN, seed=9), source=2)
+
+
+@pytest.mark.parametrize("ks", [[1, 3, 5], [1, 2, 3, 4, 5, 6, 7, 8]], ids=["m3", "m8"])
+def test_warp_kernel(emulated, monkeypatch, ks):
+    """The warp kernel, which runs where one token's z does not fit shared memory: a 512-byte emulated opt-in limit
+    puts a small shape there (8 streams at d = 8192 on an H200 is the slow tier's). Another kernel than the
+    tile kernel's ran: the two sum in other orders, so float32 results differ in the last bits. One emulated SM:
+    at this size on 132 SMs the cost model rates the warp kernel faster for 8 streams (18 warps in flight
+    against 10), on one SM the tile kernel."""
+    monkeypatch.setenv("MSAR_EMU_SM_COUNT", "1")
+    inp = K.random_fused_mixer_inputs(3, 2, 9, 40, ks, seed=21)
+    tile = emulated.fused_mixer(**inp)
+    monkeypatch.setenv("MSAR_EMU_SMEM_OPTIN", "512")
+    warp = emulated.fused_mixer(**inp)
+    assert K.rel_err(warp, K.reference_fused_mixer64(**inp)) <= 1e-5
+    assert not torch.equal(warp, tile)
 
 
 SPLIT_CASES = [(97, MAIN, 1, 1, 64), (5, MAIN, 1, 3, 40), (8, [1, 2], 2, 2, 32)]
@@ -95,12 +171,7 @@ def test_split_sources_merge_to_the_same_mixer(emulated, n, ks, B, T, d, dtype):
 def test_split_path_catches_a_wrong_tap(emulated):
     """Negative control on the split path: the current-token tap of stream 1 (index 3) 2% off in one
     source's reference must fail the 1e-5 bar. (With T = 2 the taps of tokens before the start do not count.)"""
-    inp = K.random_fused_mixer_inputs(97, 1, 2, 32, MAIN, seed=3)
-    got = emulated.fused_mixer(**inp)
-    assert K.rel_err(got, K.reference_fused_mixer64(**inp)) <= 1e-5
-    wrong = dict(inp, conv_weight=inp["conv_weight"].clone())
-    wrong["conv_weight"][40, 3, :] *= 1.02
-    assert K.rel_err(got, K.reference_fused_mixer64(**wrong)) > 1e-5
+    assert_catches_a_wrong_tap(emulated, K.random_fused_mixer_inputs(97, 1, 2, 32, MAIN, seed=3), source=40)
 
 
 def misaligned(t: torch.Tensor) -> torch.Tensor:
@@ -181,15 +252,13 @@ def test_depth_retrieval_misaligned_views(emulated):
     assert K.rel_err(got, K.reference_depth_retrieval64(q, views, 1e-6)) <= 1e-5
 
 
-def test_shared_memory_opt_in_once_per_kernel_and_device(emulated):
-    """Issue 23 defect 4: cudaFuncSetAttribute (counted by the emulation) once per kernel and device, not per
-    launch: process-wide and not stream-ordered, per-launch calls let threads with different d race. A fresh
-    process, so no earlier test has opted this kernel in; the first launch must be seen (the counter works:
-    a per-launch opt-in would add as much again on every later launch)."""
+def opt_in_counts(library: Path) -> list[int]:
+    """cudaFuncSetAttribute calls (counted by the emulation) before and after each of three launches of a mixer
+    whose token z needs 64 KiB of shared memory, in a fresh process: no earlier test has opted this kernel in."""
     code = f"""
 import ctypes, torch
 from msar_export import kernels as K
-lib = K.KernelLibrary({str(emulated.path)!r})
+lib = K.KernelLibrary({str(library)!r})
 calls = lib.lib.msarEmuFuncAttributeCalls
 calls.restype = ctypes.c_int
 inp = K.random_fused_mixer_inputs(3, 1, 1, 4096, [1, 4, 8, 12], seed=5)  # z of a token: 64 KiB of shared memory
@@ -202,6 +271,40 @@ print(counts)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert r.returncode == 0, r.stderr
-    counts = eval(r.stdout.strip())  # noqa: S307 - our own subprocess's list of ints
-    assert counts[0] == 0 and counts[1] >= 1, counts
-    assert counts[1] == counts[2] == counts[3], counts
+    return eval(r.stdout.strip())  # noqa: S307 - our own subprocess's list of ints
+
+
+def opted_in_once(counts: list[int]) -> bool:
+    # The first launch must be seen (the counter works); a per-launch opt-in adds as much again on every launch.
+    return counts[0] == 0 and counts[1] >= 1 and counts[1] == counts[2] == counts[3]
+
+
+def test_shared_memory_opt_in_once_per_kernel_and_device(emulated):
+    """Issue 23 defect 4: cudaFuncSetAttribute once per kernel and device, not per launch: process-wide and not
+    stream-ordered, per-launch calls let threads with different d race."""
+    counts = opt_in_counts(emulated.path)
+    assert opted_in_once(counts), counts
+
+
+PER_LAUNCH_OPT_IN = """    static std::mutex lock;"""
+
+
+@pytest.mark.slow
+def test_opt_in_per_launch_put_back_fails(tmp_path):
+    """Negative control for defect 4: plugins/ copied with allowDynamicShared as it was (cudaFuncSetAttribute to the
+    launch's size on every launch, no lock, no memory of what was done), its emulation built (~1-3 min of g++):
+    the check above must fail on it."""
+    src = tmp_path / "plugins"
+    shutil.copytree(PLUGINS, src)
+    common = src / "common" / "msarKernelCommon.cuh"
+    text = common.read_text()
+    start = text.index(PER_LAUNCH_OPT_IN)
+    end = text.index("    return st;\n}", start) + len("    return st;\n}")
+    common.write_text(text[:start] + "    return setMaxDynamicShared(kernel, static_cast<int>(bytes));\n}"
+                      + text[end:])
+    build = K.CMakeBuild(src, defines={"MSAR_CUDA": "OFF"}, build_dir=tmp_path / "build")
+    if not build.has_target("msar_emulation"):
+        pytest.skip(f"msar_emulation is not built here: {build.configure()}")
+    counts = opt_in_counts(build.built("msar_emulation"))
+    assert not opted_in_once(counts), counts
+    assert counts[3] - counts[1] == 2 * (counts[1] - counts[0]), counts  # one opt-in per kernel per launch

@@ -9,7 +9,8 @@
  *   in shared memory; split over source ranges with a log-sum-exp merge when
  *   B*T is too small to fill the GPU;
  * - the warp kernel (fusedMixerWarpKernel.cuh): the previous design, kept for
- *   m*d too large for one token's z in shared memory.
+ *   m*d too large for one token's z in shared memory and for shapes where the
+ *   plan's cost model rates it faster.
  * docs/kernels.md has the roofline model of both.
  */
 #include "fusedMixerKernel.h"

@@ -50,13 +50,50 @@ constexpr bool tileTokensFit(int mb, int ts)
     return mb * ts <= 16;
 }
 
-/*!
- * Above this many tokens per SM the warp kernel (4 tokens per tap load, no z
- * in shared memory) moves fewer bytes than the tile kernel, whose parallelism
- * only pays while B*T is too small to fill the GPU with warps. From the model
- * in docs/kernels.md; a GPU measurement (scripts/gpu_check.sh) should move it.
+/*
+ * The plan's cost model: instruction issue, the limit that depends on which kernel runs and how many warps it
+ * keeps on an SM (docs/kernels.md; scripts/kernel_model.py reads these constants, tests/test_kernel_shapes.py
+ * checks that it reads the same). An SM issues 4 warp-instructions per clock and needs about 16 resident
+ * warps to do so (8 warps, the tile kernel's one block per SM at d = 4096, give about half: issue 23). The
+ * model is a throughput model: an SM's share of a launch is fractional, the idle SMs of a last partial wave
+ * are not counted (docs/kernels.md says what that leaves out).
  */
-constexpr int64_t kTileTokensPerSm = 8;
+//! SASS instructions per element-token: the tile kernel's delta loops (bf16, 2 tokens x 4 channels) and
+//! the warp kernel's (bf16, 4 tokens x 1 channel, both passes); docs/kernels.md has the counts.
+constexpr double kTileInstrPerElementToken = 320;
+constexpr double kWarpInstrPerElementToken = 550;
+constexpr double kWarpsForFullIssue = 16;
+constexpr double kIssuePerSmClock = 4;
+constexpr int kSmMaxThreads = 2048;
+
+//! Tokens per warp of the warp kernel by stream bucket: its per-lane partial sums (MB*(MB+2)*TS floats)
+//! stay at <= 96 registers. A struct, not a function: the kernel reads it (no host call in device code).
+template <int MB>
+struct WarpTile
+{
+    static constexpr int TS = MB <= 2 ? 8 : (MB <= 4 ? 4 : 1);
+};
+
+constexpr int warpTokens(int mb)
+{
+    return mb <= 2 ? WarpTile<2>::TS : (mb <= 4 ? WarpTile<4>::TS : WarpTile<8>::TS);
+}
+
+//! Warps of the warp kernel one SM holds: 65,536 registers over 128 (2 streams) or 168 (4, 8) per lane
+//! (ptxas -v, sm_90), in blocks of 4 warps.
+constexpr int warpResidentWarps(int mb)
+{
+    return mb <= 2 ? 16 : 12;
+}
+
+//! Fraction of an SM's issue rate a launch of `launchedWarps` gets, `residentWarps` fitting on one SM.
+inline double issueFraction(double residentWarps, double launchedWarps, int smCount)
+{
+    double active = launchedWarps / smCount;
+    active = active < residentWarps ? active : residentWarps;
+    double const f = active / kWarpsForFullIssue;
+    return f < 1.0 ? f : 1.0;
+}
 
 inline size_t align256(size_t bytes)
 {
@@ -84,7 +121,7 @@ inline size_t tileSmemBytes(int ts, int m, int mb, int64_t d, int threads)
 
 struct MixerPlan
 {
-    bool tile;    //!< the block-tile kernel; false: the warp kernel (many tokens, or z of one token too big)
+    bool tile;    //!< the block-tile kernel; false: the warp kernel (z of one token too big, or modelled faster)
     int vec;      //!< channels per load (1: scalar, d or a pointer not aligned)
     int ts;       //!< tokens per block
     int threads;  //!< per block
@@ -95,18 +132,37 @@ struct MixerPlan
 };
 
 /*!
- * aligned: every pointer the kernel loads vectors from is 16-byte aligned.
- * splitBytes: the workspace left for split partials (0: never split).
+ * Modelled time of a plan in SM clocks (issue only; 0 for an empty launch). Work is counted over whole tiles
+ * (a tile's padding tokens cost what real ones do); the tile kernel's split merge is left out.
  */
-inline MixerPlan planMixer(int elemBytes, bool aligned, int64_t batch, int64_t seq, int64_t d, int m, int n,
+inline double modelMixerClocks(MixerPlan const& pl, int64_t batch, int64_t seq, int64_t d, int m, int n,
+    int smCount, size_t smemOptin)
+{
+    int const mb = streamBucket(m);
+    int const ts = pl.tile ? pl.ts : warpTokens(mb);
+    double const tiles = static_cast<double>(batch) * static_cast<double>((seq + ts - 1) / ts);
+    double const elementTokens = static_cast<double>(n) * tiles * ts * static_cast<double>(d);
+    double instr = kWarpInstrPerElementToken;
+    double f = issueFraction(warpResidentWarps(mb), tiles, smCount);
+    if (pl.tile)
+    {
+        double const warpsPerBlock = pl.threads / 32;
+        size_t bySmem = pl.smem > 0 ? smemOptin / pl.smem : 1;
+        size_t const byThreads = static_cast<size_t>(kSmMaxThreads / pl.threads);
+        bySmem = bySmem < byThreads ? bySmem : byThreads;
+        double const blocksPerSm = bySmem > 0 ? static_cast<double>(bySmem) : 1.0;
+        instr = kTileInstrPerElementToken;
+        f = issueFraction(blocksPerSm * warpsPerBlock, static_cast<double>(pl.blocks) * warpsPerBlock, smCount);
+    }
+    return f > 0 ? elementTokens * instr / 32.0 / (kIssuePerSmClock * smCount * f) : 0.0;
+}
+
+//! The tile kernel's plan for a shape, or tile = false where it cannot run (one token's z over shared memory).
+inline MixerPlan planTile(int elemBytes, bool aligned, int64_t batch, int64_t seq, int64_t d, int m, int n,
     int smCount, size_t smemOptin, size_t splitBytes)
 {
     MixerPlan pl{};
     int const mb = streamBucket(m);
-    if (batch * seq > kTileTokensPerSm * smCount)
-    {
-        return pl; // enough tokens for the warp kernel
-    }
     for (int ts : kTileTokenChoices)
     {
         int const v = tileVec(elemBytes, mb, ts);
@@ -142,7 +198,30 @@ inline MixerPlan planMixer(int elemBytes, bool aligned, int64_t batch, int64_t s
         pl.splits = s >= 2 ? static_cast<int>(s) : 1;
     }
     pl.blocks = pl.tiles * pl.splits;
+    if (pl.blocks > 0x7fffffffLL)
+    {
+        return MixerPlan{}; // over a grid's x limit; the warp kernel's grid (4 warps per block) is a quarter of it
+    }
     return pl;
+}
+
+/*!
+ * aligned: every pointer the kernel loads vectors from is 16-byte aligned.
+ * splitBytes: the workspace left for split partials (0: never split).
+ * The tile or the warp kernel, whichever modelMixerClocks says is faster: as the shape grows the choice can
+ * only change where the two modelled costs are equal, so changing kernel adds no step (issue 23, defect 6).
+ */
+inline MixerPlan planMixer(int elemBytes, bool aligned, int64_t batch, int64_t seq, int64_t d, int m, int n,
+    int smCount, size_t smemOptin, size_t splitBytes)
+{
+    MixerPlan const tile = planTile(elemBytes, aligned, batch, seq, d, m, n, smCount, smemOptin, splitBytes);
+    MixerPlan const warp{};
+    if (!tile.tile)
+    {
+        return warp;
+    }
+    double const tileClocks = modelMixerClocks(tile, batch, seq, d, m, n, smCount, smemOptin);
+    return tileClocks <= modelMixerClocks(warp, batch, seq, d, m, n, smCount, smemOptin) ? tile : warp;
 }
 
 } // namespace kernels

@@ -1,7 +1,8 @@
 /*
- * The warp kernel of msar::FusedMixer, kept for shapes whose per-token z
- * (m*d floats) does not fit the tile kernel's shared memory (m = 8 streams
- * with d above about 7k). Included by fusedMixerKernel.cu only.
+ * The warp kernel of msar::FusedMixer, for shapes whose per-token z (m*d
+ * floats) does not fit the tile kernel's shared memory (m = 8 streams with d
+ * above about 7k), and wherever the plan's cost model (fusedMixerPlan.h) says
+ * it is faster. Included by fusedMixerKernel.cu only.
  *
  * One warp owns a tile of TS consecutive tokens of one sequence; its 32 lanes
  * stride over the d channels. For a lane's channel c the causal window streams
@@ -32,26 +33,6 @@ namespace
 
 constexpr int kWarpsPerBlock = 4;
 constexpr size_t kWarpSmemBudget = 48 * 1024; // no opt-in needed on any supported GPU
-
-//! Tokens per warp for a stream bucket: keeps the per-lane partial sums
-//! (MB*(MB+2)*TS floats) at <= 96 registers.
-template <int MB>
-struct WarpTile;
-template <>
-struct WarpTile<2>
-{
-    static constexpr int TS = 8;
-};
-template <>
-struct WarpTile<4>
-{
-    static constexpr int TS = 4;
-};
-template <>
-struct WarpTile<8>
-{
-    static constexpr int TS = 1;
-};
 
 /*!
  * Views of one source at channel c for the TS tokens t0..t0+TS-1:
@@ -114,7 +95,7 @@ template <typename T, int MB>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize)
     warpMixerKernel(MixerParams<T> const p, SourceTable const src)
 {
-    constexpr int TS = WarpTile<MB>::TS;
+    constexpr int TS = WarpTile<MB>::TS; // fusedMixerPlan.h: its cost model counts the same tiles
     constexpr int NP = ((MB * (MB + 2) * TS + kWarpSize - 1) / kWarpSize) * kWarpSize;
     constexpr int PER_LANE = NP / kWarpSize;
     // Partial-sum layout: [0, MB*TS) sum v^2, [MB*TS, 2*MB*TS) q.v, then u[r][p][t].
@@ -314,7 +295,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize)
 template <typename T, int MB>
 int32_t launchWarpMixer(MixerParams<T> p, SourceTable const& src, int64_t batch, cudaStream_t stream)
 {
-    constexpr int TS = WarpTile<MB>::TS;
+    constexpr int TS = WarpTile<MB>::TS; // fusedMixerPlan.h: its cost model counts the same tiles
     constexpr int NP = ((MB * (MB + 2) * TS + kWarpSize - 1) / kWarpSize) * kWarpSize;
     p.tilesPerSeq = (p.seq + TS - 1) / TS;
     p.nTiles = batch * p.tilesPerSeq;

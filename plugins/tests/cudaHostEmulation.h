@@ -89,20 +89,25 @@ inline std::vector<float>& sharedMemory()
     return *tShared;
 }
 
+inline int envOr(char const* name, int fallback)
+{
+    char const* env = std::getenv(name);
+    return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : fallback;
+}
+
 /*!
  * What the launchers ask of the device: an H200 unless MSAR_EMU_SM_COUNT says
- * how many SMs (tests set 1 to keep a small shape off the split-source path).
+ * how many SMs (tests set 1 to keep a small shape off the split-source path)
+ * or MSAR_EMU_SMEM_OPTIN how many bytes of shared memory a block may opt in to
+ * (tests set a few KiB so that a small shape takes the warp kernel, as one
+ * token's z over 227 KiB does on an H200).
  */
 inline int deviceAttribute(cudaDeviceAttr attr, int fallback)
 {
     switch (attr)
     {
-    case cudaDevAttrMultiProcessorCount:
-    {
-        char const* env = std::getenv("MSAR_EMU_SM_COUNT");
-        return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 132;
-    }
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: return 227 * 1024;
+    case cudaDevAttrMultiProcessorCount: return envOr("MSAR_EMU_SM_COUNT", 132);
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: return envOr("MSAR_EMU_SMEM_OPTIN", 227 * 1024);
     default: return fallback;
     }
 }
