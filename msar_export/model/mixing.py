@@ -26,10 +26,10 @@ class SourceExpansion(nn.Module):
         """x (B,T,d) -> views (B,T,m,d) float32.  `history` (B,H,d) holds the H
         positions before x (the convolution state); None means sequence start.
 
-        conv_op: one grouped conv1d per stream instead of k shifted
-        multiply-adds (the exporter's choice: 1 ONNX Conv instead of about 3k
-        nodes per stream, and faster in ONNX Runtime; eager training keeps
-        the shifted form, faster on CPU forward and backward)."""
+        conv_op: one depthwise Conv per stream (_merged_conv) instead of k
+        shifted multiply-adds (the exporter's choice: 1 ONNX Conv instead of
+        about 3k nodes per stream, and faster in ONNX Runtime; eager training
+        keeps the shifted form, faster on CPU forward and backward)."""
         x = f32(x)
         if conv_op and self.conv:
             return torch.cat([x.unsqueeze(2), self._merged_conv(x, history)], dim=2)
@@ -40,29 +40,24 @@ class SourceExpansion(nn.Module):
                 window = F.pad(x, (0, 0, k - 1, 0))  # zeros before the sequence start
             else:
                 window = torch.cat([f32(history)[:, history.shape[1] - (k - 1) :], x], dim=1)
-            if conv_op:
-                w = f32(conv.weight)
-                views.append(F.conv1d(window.transpose(1, 2), w, groups=w.shape[0]).transpose(1, 2))
-            else:
-                views.append(causal_conv(window, f32(conv.weight)))
+            views.append(causal_conv(window, f32(conv.weight)))
         return torch.stack(views, dim=2)  # (B, T, m, d)
 
-
     def _merged_conv(self, x: torch.Tensor, history: torch.Tensor | None) -> torch.Tensor:
-        """Every conv stream of x in one depthwise Conv (B, T, m-1, d): each channel's streams are one
-        group of m-1 outputs, their taps right-aligned in a kmax-wide kernel (zeros in front), over one
-        window with kmax-1 positions of history.  The decode graph expands every new source this way:
-        one Conv and its two transposes instead of a Slice/Concat/Transpose/Conv/Transpose chain per
-        stream (measured in docs/ort_kernels.md)."""
+        """Every conv stream of x (B, T, m-1, d) over one window with kmax-1 positions of history, each
+        stream one depthwise 2-D Conv (height 1, taps right-aligned in a kmax-wide kernel, zeros in
+        front). ONNX Runtime runs a depthwise Conv with one output per channel in 2-D form on its
+        depthwise path; a 1-D Conv, or all streams in one Conv as its depth multiplier, becomes one
+        small GEMM per channel: 3x slower for a batch-8 decode step (docs/ort_kernels.md)."""
         convs = list(self.conv.values())
-        kmax, d, s = max(c.kernel_size[0] for c in convs), x.shape[-1], len(convs)
+        kmax, d = max(c.kernel_size[0] for c in convs), x.shape[-1]
         if history is None:
             window = F.pad(x, (0, 0, kmax - 1, 0))
         else:
             window = torch.cat([f32(history)[:, history.shape[1] - (kmax - 1):], x], dim=1)
-        taps = torch.stack([F.pad(f32(c.weight)[:, 0], (kmax - c.kernel_size[0], 0)) for c in convs], dim=1)
-        y = F.conv1d(window.transpose(1, 2), taps.reshape(d * s, 1, kmax), groups=d)  # (B, d*s, T): channel c*s + r
-        return y.reshape(y.shape[0], d, s, -1).permute(0, 3, 2, 1)
+        planes = window.transpose(1, 2).unsqueeze(2)  # (B, d, 1, T + kmax - 1)
+        ys = [F.conv2d(planes, F.pad(f32(c.weight), (kmax - c.kernel_size[0], 0)).unsqueeze(2), groups=d) for c in convs]
+        return torch.cat(ys, dim=2).permute(0, 3, 2, 1)  # (B, d, m-1, T) -> (B, T, m-1, d)
 
 
 def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
