@@ -17,13 +17,13 @@ file another tool already rewrote. reference: run onnx's ReferenceEvaluator
 compare with ONNX Runtime."""
 
 
-def _rewrite(a, transform):
+def _rewrite(a, transform, check_functions: bool = True):
     """Load a.onnx with its weights, transform it, and write the result to a.output
     (only if ONNX Runtime loads it; external data kept external).  Returns (input, output)."""
     from .files import check_rewrite_outputs, load_whole, save_whole
 
     check_rewrite_outputs(a.onnx, a.output, getattr(a, "functions_from", None))
-    model, external = load_whole(a.onnx)
+    model, external = load_whole(a.onnx, check_functions)
     n_in = len(model.graph.node)
     out = transform(model)
     _check(out, a.output)
@@ -49,21 +49,24 @@ def cmd_sanitize(a) -> int:
 
 def cmd_repair(a) -> int:
     from .files import load_whole
-    from .overloads import missing_functions, restore_overloads
+    from .overloads import missing_functions, rebuild_functions, restore_overloads
 
-    fixed = 0
+    fixed = rebuilt = 0
 
     def repair(model):
-        nonlocal fixed
+        nonlocal fixed, rebuilt
         fixed = restore_overloads(model)
         if missing_functions(model) and a.functions_from:
             source, _ = load_whole(a.functions_from)
             have = {(f.domain, f.name, f.overload) for f in model.functions}
             model.functions.extend(f for f in source.functions if (f.domain, f.name, f.overload) not in have)
+        # Bodies a tool deleted (onnxslim keeps one per name) and --functions-from did not
+        # supply are written again from the file's msar.config.
+        rebuilt = rebuild_functions(model)
         return model
 
-    _, out = _rewrite(a, repair)
-    print(f"{a.output}: {fixed} overloads restored, {len(out.functions)} functions")
+    _, out = _rewrite(a, repair, check_functions=False)
+    print(f"{a.output}: {fixed} overloads restored, {rebuilt} function bodies rebuilt, {len(out.functions)} functions")
     return 0
 
 
