@@ -17,6 +17,7 @@ from conftest import load_cfg, load_tensors, make_checkpoint, trained_checkpoint
 
 from msar_export.checkpoint import load_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
+from msar_export.graph_file import ExportedGraph
 from msar_export.interop.opset import convert_opset
 from msar_export.interop.overloads import missing_functions, restore_overloads
 from msar_export.interop.reference import reference_evaluator
@@ -322,7 +323,6 @@ def test_onnxslim_then_repair(files, ck, kind, tmp_path):
     import onnxslim
 
     from msar_export.errors import OnnxModelError
-    from msar_export.graph_file import ExportedGraph
     from msar_export.interop.overloads import rebuild_functions
 
     path, feeds, *_ = case = files[ck, kind]
@@ -347,7 +347,6 @@ def test_a_wrong_overload_is_named_too(files, tmp_path):
     """Negative control for the check: every body is there, but one node calls the overload of
     another arity (ONNX Runtime fails inside the body).  Swapping it back opens cleanly."""
     from msar_export.errors import OnnxModelError
-    from msar_export.graph_file import ExportedGraph
 
     path, *_ = files["random", "fused"]
     model = onnx.load(path)
@@ -384,3 +383,43 @@ def test_cli_names_the_broken_file_and_its_repair_runs(files, tmp_path):
     assert r.returncode == 0, r.stderr
     fixed = tmp_path / "slim.repaired.onnx"
     assert_faithful(ort_logits(onnx.load(fixed), feeds), case, "onnxslim + the repair command the error gave")
+
+
+# -- ONNX Runtime's transformer optimizer ---------------------------------------------------
+
+def transformer_optimized(path, model_type="bert", opt_level=0) -> onnx.ModelProto:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    # num_heads=0, hidden_size=0: "detect from the graph" (gpt2 warns without them)
+    return optimize_model(str(path), model_type=model_type, opt_level=opt_level, num_heads=0, hidden_size=0)
+
+
+@pytest.mark.parametrize("ck,kind", CASES)
+def test_transformer_optimizer(files, ck, kind):
+    """optimize_model crashed on every graph kind in its RMSNorm fusion (Mul(x, x) under a
+    ReduceMean trips a bug there); the norms are now Pow(x, 2) and fuse: one
+    SimplifiedLayerNormalization per sublayer norm and the final norm, faithful to float64."""
+    path, feeds, *_ = case = files[ck, kind]
+    n_norms = 2 * ExportedGraph.open(path).config.n_blocks + 1
+    opt = transformer_optimized(path)
+    assert opt.get_fused_operator_statistics()["SimplifiedLayerNormalization"] == n_norms
+    assert_faithful(ort_logits(opt.model, feeds), case, f"optimize_model(bert, opt_level=0) on {ck}/{kind}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fused", "decode", "decomposed"])
+def test_transformer_optimizer_gpt2_level_1(files, kind):
+    """opt_level 1 also runs ONNX Runtime's own basic optimisations (it inlines the msar functions)."""
+    path, feeds, *_ = case = files["random", kind]
+    assert_faithful(ort_logits(transformer_optimized(path, "gpt2", 1).model, feeds), case, f"gpt2 level 1 on {kind}")
+
+
+def test_transformer_optimizer_result_is_judged(files):
+    """Negative control: the fused norms with a wrong epsilon (1.0) must fail the verdict."""
+    path, feeds, *_ = case = files["random", "fused"]
+    model = transformer_optimized(path).model
+    for node in model.graph.node:
+        if node.op_type == "SimplifiedLayerNormalization":
+            next(a for a in node.attribute if a.name == "epsilon").f = 1.0
+    _, _, ref64, eager = case
+    assert not judge(ort_logits(model, feeds), eager, ref64, "float32").passed
