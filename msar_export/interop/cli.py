@@ -123,7 +123,36 @@ def _check(model, target) -> None:
                              f"({e.cause[:300]}); nothing written") from None
 
 
+def cmd_genai(a) -> int:
+    from .genai import write_genai_folder
+
+    summary = write_genai_folder(a.checkpoint, a.output, dtype=a.dtype, opset=a.opset, trust_pickle=a.trust_pickle,
+                                 validate=not a.no_validate, eos_token_id=a.eos_token_id)
+    print(f"{a.output}: ONNX Runtime GenAI folder ({summary['dtype']} decode graph, tokenizer: {summary['tokenizer']}, "
+          f"end token {summary['eos_token_id']}, native msar kernels: {'yes' if summary['native_kernels'] else 'no'}); "
+          f"load it with onnxruntime_genai.Model({str(a.output)!r})")
+    return 0
+
+
+def register_genai(subparsers) -> None:
+    from ..cli_common import add_dtype, add_ort_ops, add_trust_pickle
+
+    g = subparsers.add_parser("genai", help="a folder ONNX Runtime GenAI loads (og.Model(DIR)): decode graph, "
+                                            "genai_config.json, tokenizer, native kernels")
+    g.add_argument("checkpoint")
+    g.add_argument("-o", "--output", required=True, help="output folder (new, or one msar-export genai wrote)")
+    add_dtype(g, "float32", "weight dtype of the decode graph")
+    g.add_argument("--opset", type=OPSET, default=18)
+    g.add_argument("--eos-token-id", type=int, default=None,
+                   help="end token (also the pad token) GenAI stops on; default 0 (NUL) for byte-level models")
+    g.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime vs eager check of the decode graph")
+    add_ort_ops(g)
+    add_trust_pickle(g)
+    g.set_defaults(func=cmd_genai)
+
+
 def register(subparsers) -> None:
+    register_genai(subparsers)
     p = subparsers.add_parser("onnx", help="standard ONNX tools on msar-export files, functions kept",
                               description=DESCRIPTION)
     sub = p.add_subparsers(dest="onnx_command", required=True, metavar="ACTION")
