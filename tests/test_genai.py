@@ -90,6 +90,19 @@ def test_sampling_with_a_seed_runs_and_repeats(random_case):
     assert runs[0] == runs[1] and all(0 <= t < 61 for t in runs[0][0])
 
 
+def test_rewind_is_refused_as_documented(random_case):
+    """docs/interop.md says GenAI cannot rewind these folders; the day it can, this fails."""
+    _, rows, _, folder = random_case
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(rows[0]) + 4, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array(rows[:1], dtype=np.int32))
+    gen.generate_next_token()
+    with pytest.raises(Exception, match="RewindTo is currently not supported"):
+        gen.rewind_to(0)
+
+
 def test_a_dropped_conv_state_is_caught(random_case, tmp_path):
     """Negative control: the folder's model with its convolution state zeroed on every step
     must no longer match eager (the state really travels through GenAI)."""

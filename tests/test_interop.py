@@ -145,6 +145,10 @@ def test_graphsurgeon_round_trip(files, ck, kind):
     if kind in CUSTOM:  # stock: overloads dropped, ORT refuses the duplicates
         with pytest.raises(Exception, match="Duplicate model-local function"):
             ort_logits(model, feeds)
+        from msar_export.errors import OnnxModelError
+
+        with pytest.raises(OnnxModelError, match="share one name and overload .*`msar-export onnx repair "):
+            ExportedGraph.from_proto(model, "surgeon.onnx").check_functions()  # what opening the file says
     restore_overloads(model)
     assert_faithful(ort_logits(model, feeds), case, f"graphsurgeon + restore_overloads on {ck}/{kind}")
 

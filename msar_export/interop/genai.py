@@ -3,13 +3,14 @@
 ORT GenAI 0.18 knows a causal-convolution state beside the KV cache only for its
 "lfm2" model type: one state tensor per "conv" layer, named by
 `decoder.inputs.past_conv_names` / `outputs.present_conv_names` (a literal name
-is taken as it is), batch first, every other dim static.  Our decode graph keeps
-the convolution state of every source in one tensor, layers first
+is taken as it is), rank 3 [batch, H, L], every dim but batch a number; GenAI
+only allocates it, zeroes it and passes it from one step to the next.  Our decode
+graph keeps the convolution state of every source in one tensor, layers first
 ([L+1, batch, kmax-1, d]: GraphSpec), so the folder's model.onnx is that graph
-with one Transpose on the way in and one on the way out, and the config declares
-the n_blocks attention layers and one "conv" layer after them.  Nothing else in
-the graph changes: the KV cache, attention mask and positions are what GenAI
-feeds any decoder.
+with a Reshape and a Transpose on the way in and out ([batch, (L+1)*d, kmax-1]),
+and the config declares the n_blocks attention layers and one "conv" layer after
+them.  Nothing else in the graph changes: the KV cache, attention mask and
+positions are what GenAI feeds any decoder.
 
 The tokenizer is Hugging Face's tokenizer.json, which ORT GenAI reads: for our
 byte-level checkpoints a byte-level BPE with no merges, token i = byte i, so text
