@@ -159,3 +159,15 @@ def test_trained_checkpoint_greedy_and_byte_tokenizer(tmp_path, dtype):
         if len(batch) == 1:
             want = [until_eos(want[0], 0)]
         assert genai_tokens(folder, batch) == want
+
+
+@pytest.mark.slow
+def test_a_graph_without_conv_state_uses_the_plain_decoder_type(tmp_path):
+    """attnres (one identity stream) has no convolution state: GenAI's "llama" type, same tokens."""
+    ckpt, cfg = make_checkpoint(tmp_path / "ckpt", seed=7, residual="attnres", stream_kernels=[1])
+    rows = [[b % cfg["vocab_size"] for b in t] for t in TEXT]
+    want = eager_tokens(ckpt, rows[:1], None)[0]
+    eos = min(set(range(cfg["vocab_size"])) - set(want) - set(rows[0]))
+    write_genai_folder(ckpt, tmp_path / "genai", validate=False, eos_token_id=eos)
+    assert json.loads((tmp_path / "genai" / "genai_config.json").read_text())["model"]["type"] == "llama"
+    assert genai_tokens(tmp_path / "genai", rows[:1]) == [want]

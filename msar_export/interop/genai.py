@@ -25,7 +25,8 @@ import shutil
 from pathlib import Path
 
 from ..errors import InputError
-from ..graph_spec import PAST_CONV, PRESENT_CONV
+from ..graph_spec import (ATTENTION_MASK, INPUT_IDS, LOGITS, META_GRAPH, PAST_CONV, PAST_KEY, PAST_VALUE,
+                          POSITION_IDS, PRESENT_CONV, PRESENT_KEY, PRESENT_VALUE)
 
 MODEL_FILE = "model.onnx"
 MARKER = "msar_export.json"  # what the folder was made from; also: a folder this command may replace
@@ -61,18 +62,37 @@ def genai_conv_state(model, cfg) -> None:
     graph.node.append(helper.make_node("Transpose", [inner_out], ["genai.conv_out"], perm=[1, 0, 3, 2], name="genai.out0"))
     graph.node.append(helper.make_node("Reshape", ["genai.conv_out", "genai.by_channel"], [PRESENT_CONV], name="genai.out1"))
     for p in model.metadata_props:
-        if p.key == "msar.graph":
+        if p.key == META_GRAPH:
             p.value = GENAI_GRAPH
 
 
-def genai_config(cfg, library: str | None, eos: int) -> dict:
+def genai_config(cfg, library: str | None, eos: int, conv: bool = True) -> dict:
+    """genai_config.json: type "lfm2" with one "conv" layer after the attention layers, or,
+    for a graph without a convolution state, GenAI's plain decoder type "llama"."""
     session = {"log_id": "msar-export", "provider_options": []}
     if library:
         session["custom_ops_library"] = library
     n_attn = cfg.n_blocks
+    decoder = {
+        "session_options": session,
+        "filename": MODEL_FILE,
+        "head_size": cfg.head_dim,
+        "hidden_size": cfg.d_model,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "num_hidden_layers": n_attn,
+        "inputs": {"input_ids": INPUT_IDS, "attention_mask": ATTENTION_MASK, "position_ids": POSITION_IDS,
+                   "past_key_names": PAST_KEY.format("%d"), "past_value_names": PAST_VALUE.format("%d")},
+        "outputs": {"logits": LOGITS, "present_key_names": PRESENT_KEY.format("%d"),
+                    "present_value_names": PRESENT_VALUE.format("%d")},
+    }
+    if conv:
+        decoder.update(num_hidden_layers=n_attn + 1, layer_types=["full_attention"] * n_attn + ["conv"])
+        decoder["inputs"]["past_conv_names"] = PAST_CONV
+        decoder["outputs"]["present_conv_names"] = PRESENT_CONV
     return {
         "model": {
-            "type": "lfm2",
+            "type": "lfm2" if conv else "llama",
             "vocab_size": cfg.vocab_size,
             "context_length": cfg.max_seq_len,
             # GenAI needs an end token inside the vocabulary, and pads rows that ended with the
@@ -80,21 +100,7 @@ def genai_config(cfg, library: str | None, eos: int) -> dict:
             "bos_token_id": eos,
             "eos_token_id": [eos],
             "pad_token_id": eos,
-            "decoder": {
-                "session_options": session,
-                "filename": MODEL_FILE,
-                "head_size": cfg.head_dim,
-                "hidden_size": cfg.d_model,
-                "num_attention_heads": cfg.n_heads,
-                "num_key_value_heads": cfg.n_kv_heads,
-                "num_hidden_layers": n_attn + 1,
-                "layer_types": ["full_attention"] * n_attn + ["conv"],
-                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
-                           "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
-                           "past_conv_names": PAST_CONV},
-                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
-                            "present_value_names": "present.%d.value", "present_conv_names": PRESENT_CONV},
-            },
+            "decoder": decoder,
         },
         "search": {"do_sample": False, "max_length": cfg.max_seq_len, "min_length": 0, "num_beams": 1,
                    "num_return_sequences": 1, "past_present_share_buffer": False, "repetition_penalty": 1.0,
@@ -180,9 +186,11 @@ def assemble(decode, checkpoint: Path, staged: Path, eos_token_id: int | None = 
     staged.mkdir()
     graph = ExportedGraph.open(decode, weights=True)
     cfg, model = graph.config, graph.proto
-    if not graph.decode or PAST_CONV not in graph.input_names:
-        raise InputError(f"{decode}: not the decode graph of an msar checkpoint (ORT GenAI needs its conv state)")
-    genai_conv_state(model, cfg)
+    if not graph.decode:
+        raise InputError(f"{decode}: not a decode graph; export it with --decode")
+    conv = PAST_CONV in graph.input_names  # standard / attnres residuals (and kernels [1]) have none
+    if conv:
+        genai_conv_state(model, cfg)
     onnx.save_model(model, str(staged / MODEL_FILE), save_as_external_data=model.ByteSize() >= 2**31,
                     location=MODEL_FILE + ".data")
     library = native_library()
@@ -191,7 +199,7 @@ def assemble(decode, checkpoint: Path, staged: Path, eos_token_id: int | None = 
     eos = BYTE_EOS if eos_token_id is None else eos_token_id
     if not 0 <= eos < cfg.vocab_size:
         raise InputError(f"--eos-token-id {eos} is outside the vocabulary [0, {cfg.vocab_size})")
-    config = genai_config(cfg, NATIVE_LIBRARY if library is not None else None, eos)
+    config = genai_config(cfg, NATIVE_LIBRARY if library is not None else None, eos, conv)
     (staged / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer = write_tokenizer(checkpoint, staged, cfg.vocab_size)
     summary = {"checkpoint": checkpoint.name, "dtype": graph.precision, "tokenizer": tokenizer, "eos_token_id": eos,
