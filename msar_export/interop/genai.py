@@ -161,6 +161,10 @@ def write_genai_folder(checkpoint, folder, dtype: str = "float32", opset: int = 
 
     folder, checkpoint = Path(folder), Path(checkpoint)
     check_folder(folder)
+    if eos_token_id is not None and checkpoint.is_dir():  # before the export, which takes a while
+        from ..checkpoint import read_config
+
+        check_eos(eos_token_id, read_config(checkpoint).vocab_size)
     with scratch_dir_beside(folder) as tmp:
         decode = tmp / "decode.onnx"
         report = export_checkpoint(checkpoint, decode, ExportOptions(decode=True, dtype=dtype, opset=opset),
@@ -197,8 +201,7 @@ def assemble(decode, checkpoint: Path, staged: Path, eos_token_id: int | None = 
     if library is not None:
         shutil.copyfile(library, staged / NATIVE_LIBRARY)
     eos = BYTE_EOS if eos_token_id is None else eos_token_id
-    if not 0 <= eos < cfg.vocab_size:
-        raise InputError(f"--eos-token-id {eos} is outside the vocabulary [0, {cfg.vocab_size})")
+    check_eos(eos, cfg.vocab_size)
     config = genai_config(cfg, NATIVE_LIBRARY if library is not None else None, eos, conv)
     (staged / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer = write_tokenizer(checkpoint, staged, cfg.vocab_size)
@@ -206,6 +209,11 @@ def assemble(decode, checkpoint: Path, staged: Path, eos_token_id: int | None = 
                "native_kernels": library is not None}
     (staged / MARKER).write_text(json.dumps(summary, indent=2) + "\n")  # GenAI refuses unknown config keys
     return summary
+
+
+def check_eos(eos: int, vocab_size: int) -> None:
+    if not 0 <= eos < vocab_size:
+        raise InputError(f"--eos-token-id {eos} is outside the vocabulary [0, {vocab_size})")
 
 
 def check_folder(folder: Path) -> None:
