@@ -95,6 +95,17 @@ def _check_path(path: Path, label: str) -> None:
         raise OnnxModelError(f"{label}{path}: file is empty")
 
 
+def all_nodes(graph):
+    """The nodes of `graph` and of every subgraph in their attributes."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from all_nodes(attr.g)
+            for g in attr.graphs:
+                yield from all_nodes(g)
+
+
 @dataclass
 class ExportedGraph:
     path: Path
@@ -103,8 +114,11 @@ class ExportedGraph:
     external_files: dict[str, Path] = field(default_factory=dict)  # {location: checked real path}
 
     @classmethod
-    def open(cls, path: str | os.PathLike, weights: bool = False, label: str = "") -> "ExportedGraph":
-        """Parse `path` once, or raise OnnxModelError with one line naming what is wrong."""
+    def open(cls, path: str | os.PathLike, weights: bool = False, label: str = "",
+             check_functions: bool = True) -> "ExportedGraph":
+        """Parse `path` once, or raise OnnxModelError with one line naming what is wrong.
+        check_functions=False: open a file whose msar function bodies another tool broke
+        (only `msar-export onnx repair` does, to mend it)."""
         from google.protobuf.message import DecodeError
 
         path = Path(path)
@@ -118,7 +132,10 @@ class ExportedGraph:
         if not proto.graph.node or not proto.graph.output:
             raise OnnxModelError(f"{label}{path}: not an ONNX model or truncated (no graph nodes or outputs)")
         files = external_data_files(proto, path, skip=None if weights else path.name)
-        return cls(path, proto, label, files)
+        graph = cls(path, proto, label, files)
+        if check_functions:
+            graph.check_functions()
+        return graph
 
     @classmethod
     def from_proto(cls, proto, path: str | os.PathLike = "the model") -> "ExportedGraph":
@@ -206,6 +223,34 @@ class ExportedGraph:
     def functions(self) -> list[tuple[str, str, str]]:
         """(domain, name, overload) of each model-local function."""
         return [(f.domain, f.name, getattr(f, "overload", "")) for f in self.proto.functions]
+
+    def check_functions(self) -> None:
+        """Every msar node must find the function body of its own arity, under its own overload,
+        once: what msar-export writes.  Tools that key functions by name alone break that
+        (onnxslim keeps one body for every node, onnx-graphsurgeon blanks the overloads into
+        duplicates), and ONNX Runtime then fails deep inside a body, or on the duplicates, with
+        nothing that names the cause.  OnnxModelError: one line, the cause and the repair."""
+        bodies: dict[tuple[str, str], int] = {}
+        duplicated = set()
+        for f in self.proto.functions:
+            if f.domain == DOMAIN:
+                key = (f.name, getattr(f, "overload", ""))
+                if key in bodies:
+                    duplicated.add(key)
+                bodies[key] = len(f.input)
+        nodes = [n for n in all_nodes(self.proto.graph) if n.domain == DOMAIN]
+        bad = [n for n in nodes if bodies.get((n.op_type, n.overload)) != len(n.input)]
+        if not bad and not duplicated:
+            return
+        what = (f"{len(duplicated)} msar functions share one name and overload (overloads blanked)" if duplicated
+                else f"{len(bad)} of {len(nodes)} msar nodes find no function body of their arity under their overload")
+        fixed = self.path.with_name(self.path.stem + ".repaired.onnx")
+        held = ", ".join(sorted(f"{name}/{overload or '(none)'}" for name, overload in bodies)[:4]) or "none"
+        raise OnnxModelError(
+            f"{self.label}{self.path}: {what} (function overloads held: {held}): a tool that rewrites functions "
+            f"by name (onnxslim, onnx-graphsurgeon, polygraphy surgeon) broke the msar ops; fix it with "
+            f"`msar-export onnx repair {self.path} -o {fixed}` (add --functions-from ORIGINAL.onnx to take the "
+            "bodies from the file msar-export wrote rather than rebuild them from msar.config)")
 
     @property
     def uses_external_data(self) -> bool:

@@ -7,10 +7,10 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, onnxruntime, msar_export, tensorrt_rtx, onnx_graphsurgeon, onnxconverter_common, onnxsim, onnxoptimizer" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import torch, onnxruntime, msar_export, tensorrt_rtx, onnx_graphsurgeon, onnxconverter_common, onnxsim, onnxoptimizer, onnxslim, onnxruntime_genai" >/dev/null 2>&1; then
     # Pinned first, so nothing else can make pip resolve a multi-GB CUDA torch.
     .venv/bin/pip install -q torch==2.13.0
-    .venv/bin/pip install -q torch==2.13.0 -e ".[test,rtx]"
+    .venv/bin/pip install -q torch==2.13.0 -e ".[test,rtx,genai]"
 fi
 # The native msar kernels for ONNX Runtime (plugins/msarOrtOps): headers fetched once into a
 # cache, the library rebuilt only when its sources change.  Without them the function bodies run.

@@ -151,7 +151,8 @@ def test_fault_in_the_graph_is_found_too(faithful, tmp_path):
 def test_a_graph_onnx_runtime_cannot_run_fails_instead_of_passing(faithful, tmp_path):
     """Drop the msar function bodies: on the function bodies ONNX Runtime cannot build a session.
     The graph is the user's input, so that is a one-line OnnxModelError (exit 2), never a pass.
-    (The native kernels need no body: on them the same file runs and passes.)"""
+    The file is refused on opening, whichever kernels would run it: it is not what msar-export
+    wrote, and the message names the repair."""
     from msar_export.errors import OnnxModelError
 
     ckpt, onnx_path, _ = faithful
@@ -159,8 +160,9 @@ def test_a_graph_onnx_runtime_cannot_run_fails_instead_of_passing(faithful, tmp_
     del proto.functions[:]
     broken = tmp_path / "no-functions.onnx"
     onnx.save(proto, str(broken))
-    with pytest.raises(OnnxModelError, match="ONNX Runtime cannot load this graph .*FusedMixer"):
-        check_parity(ckpt, broken, tensorrt=False, ort_ops=("function",))
+    for ort_ops in ("function", "native"):
+        with pytest.raises(OnnxModelError, match="msar nodes find no function body .*`msar-export onnx repair"):
+            check_parity(ckpt, broken, tensorrt=False, ort_ops=(ort_ops,))
 
 
 def test_negative_control_wrong_weights_are_caught(faithful, tmp_path):

@@ -17,6 +17,7 @@ from conftest import load_cfg, load_tensors, make_checkpoint, trained_checkpoint
 
 from msar_export.checkpoint import load_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
+from msar_export.graph_file import ExportedGraph
 from msar_export.interop.opset import convert_opset
 from msar_export.interop.overloads import missing_functions, restore_overloads
 from msar_export.interop.reference import reference_evaluator
@@ -144,6 +145,10 @@ def test_graphsurgeon_round_trip(files, ck, kind):
     if kind in CUSTOM:  # stock: overloads dropped, ORT refuses the duplicates
         with pytest.raises(Exception, match="Duplicate model-local function"):
             ort_logits(model, feeds)
+        from msar_export.errors import OnnxModelError
+
+        with pytest.raises(OnnxModelError, match="share one name and overload .*`msar-export onnx repair "):
+            ExportedGraph.from_proto(model, "surgeon.onnx").check_functions()  # what opening the file says
     restore_overloads(model)
     assert_faithful(ort_logits(model, feeds), case, f"graphsurgeon + restore_overloads on {ck}/{kind}")
 
@@ -310,3 +315,115 @@ def test_cli_commands_write_files_that_match(files, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "cannot convert opset 18 -> 12" in r.stderr
     assert not (tmp_path / "down.onnx").exists()
+
+
+# -- onnxslim: slim, then repair ------------------------------------------------------------
+
+@pytest.mark.parametrize("ck,kind", CASES)
+def test_onnxslim_then_repair(files, ck, kind, tmp_path):
+    """onnxslim keys functions by name: it keeps one body per op, without its overload, for
+    every node.  Opening that file (every command's first step) must say so and name the
+    repair; the repaired file must be faithful."""
+    import onnxslim
+
+    from msar_export.errors import OnnxModelError
+    from msar_export.interop.overloads import rebuild_functions
+
+    path, feeds, *_ = case = files[ck, kind]
+    slim = onnxslim.slim(onnx.load(path))
+    if kind not in CUSTOM:  # no functions to lose: faithful as it is
+        assert_faithful(ort_logits(slim, feeds), case, f"onnxslim on {ck}/{kind}")
+        return
+    # stock: the day it keeps them, the docs change
+    assert len(slim.functions) == 1 and {n.overload for n in slim.graph.node if n.domain == "msar"} == {""}
+    with pytest.raises(Exception, match="input count mismatch|Invalid|INVALID"):  # stock ORT, function bodies
+        ort_logits(slim, feeds)
+    onnx.save(slim, tmp_path / "slim.onnx")
+    with pytest.raises(OnnxModelError, match=r"find no function body .*`msar-export onnx repair .*slim\.onnx -o "):
+        ExportedGraph.open(tmp_path / "slim.onnx")
+    restore_overloads(slim)
+    assert rebuild_functions(slim) == len(onnx.load(path).functions) - 1
+    assert not missing_functions(slim)
+    assert_faithful(ort_logits(slim, feeds), case, f"onnxslim + restore_overloads + rebuild_functions on {ck}/{kind}")
+
+
+def test_a_wrong_overload_is_named_too(files, tmp_path):
+    """Negative control for the check: every body is there, but one node calls the overload of
+    another arity (ONNX Runtime fails inside the body).  Swapping it back opens cleanly."""
+    from msar_export.errors import OnnxModelError
+
+    path, *_ = files["random", "fused"]
+    model = onnx.load(path)
+    node = next(n for n in model.graph.node if n.domain == "msar" and n.overload == "n2")
+    node.overload = "n3"
+    onnx.save(model, tmp_path / "wrong.onnx")
+    with pytest.raises(OnnxModelError, match="1 of 5 msar nodes find no function body"):
+        ExportedGraph.open(tmp_path / "wrong.onnx")
+    node.overload = "n2"
+    onnx.save(model, tmp_path / "right.onnx")
+    assert ExportedGraph.open(tmp_path / "right.onnx").custom_ops == {"FusedMixer": 5}
+
+
+def test_cli_names_the_broken_file_and_its_repair_runs(files, tmp_path):
+    """`msar-export check` on a slimmed file: exit 2, one line, no traceback; the command that
+    line gives, run as it is written, writes a file that opens and is faithful."""
+    import shlex
+    import subprocess
+    import sys
+
+    import onnxslim
+
+    path, feeds, *_ = case = files["random", "decode"]
+    broken = tmp_path / "slim.onnx"
+    onnx.save(onnxslim.slim(onnx.load(path)), broken)
+    ckpt = path.parent / "random"  # where the files fixture wrote the checkpoint
+    r = subprocess.run([sys.executable, "-m", "msar_export.cli", "check", str(ckpt), "--onnx", str(broken)],
+                       capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    command = shlex.split(lines[0].split("`")[1])
+    assert command[:3] == ["msar-export", "onnx", "repair"]
+    r = subprocess.run([sys.executable, "-m", "msar_export.cli", *command[1:]], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    fixed = tmp_path / "slim.repaired.onnx"
+    assert_faithful(ort_logits(onnx.load(fixed), feeds), case, "onnxslim + the repair command the error gave")
+
+
+# -- ONNX Runtime's transformer optimizer ---------------------------------------------------
+
+def transformer_optimized(path, model_type="bert", opt_level=0) -> onnx.ModelProto:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    # num_heads=0, hidden_size=0: "detect from the graph" (gpt2 warns without them)
+    return optimize_model(str(path), model_type=model_type, opt_level=opt_level, num_heads=0, hidden_size=0)
+
+
+@pytest.mark.parametrize("ck,kind", CASES)
+def test_transformer_optimizer(files, ck, kind):
+    """optimize_model crashed on every graph kind in its RMSNorm fusion (Mul(x, x) under a
+    ReduceMean trips a bug there); the norms are now Pow(x, 2) and fuse: one
+    SimplifiedLayerNormalization per sublayer norm and the final norm, faithful to float64."""
+    path, feeds, *_ = case = files[ck, kind]
+    n_norms = 2 * ExportedGraph.open(path).config.n_blocks + 1
+    opt = transformer_optimized(path)
+    assert opt.get_fused_operator_statistics()["SimplifiedLayerNormalization"] == n_norms
+    assert_faithful(ort_logits(opt.model, feeds), case, f"optimize_model(bert, opt_level=0) on {ck}/{kind}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fused", "decode", "decomposed"])
+def test_transformer_optimizer_gpt2_level_1(files, kind):
+    """opt_level 1 also runs ONNX Runtime's own basic optimisations (it inlines the msar functions)."""
+    path, feeds, *_ = case = files["random", kind]
+    assert_faithful(ort_logits(transformer_optimized(path, "gpt2", 1).model, feeds), case, f"gpt2 level 1 on {kind}")
+
+
+def test_transformer_optimizer_result_is_judged(files):
+    """Negative control: the fused norms with a wrong epsilon (1.0) must fail the verdict."""
+    path, feeds, *_ = case = files["random", "fused"]
+    model = transformer_optimized(path).model
+    for node in model.graph.node:
+        if node.op_type == "SimplifiedLayerNormalization":
+            next(a for a in node.attribute if a.name == "epsilon").f = 1.0
+    _, _, ref64, eager = case
+    assert not judge(ort_logits(model, feeds), eager, ref64, "float32").passed

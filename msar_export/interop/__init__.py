@@ -14,5 +14,10 @@ but tools that key functions by name alone do not:
   each function's and node's arity, and `surgeon.sanitize` is Polygraphy's
   sanitize with that repair applied.
 
-`msar-export onnx ...` is the command-line face (docs/interop.md).
+`msar-export onnx ...` is the command-line face (docs/interop.md).  Every command
+opens a file through graph_file.ExportedGraph.open, which names a file one of these
+tools broke and the `msar-export onnx repair` command that mends it; `repair`
+rebuilds bodies a tool deleted (onnxslim keeps one per name) from msar.config.
+
+`genai.py` (`msar-export genai`) writes the folder ONNX Runtime GenAI loads.
 """

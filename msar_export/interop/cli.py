@@ -17,13 +17,13 @@ file another tool already rewrote. reference: run onnx's ReferenceEvaluator
 compare with ONNX Runtime."""
 
 
-def _rewrite(a, transform):
+def _rewrite(a, transform, check_functions: bool = True):
     """Load a.onnx with its weights, transform it, and write the result to a.output
     (only if ONNX Runtime loads it; external data kept external).  Returns (input, output)."""
     from .files import check_rewrite_outputs, load_whole, save_whole
 
     check_rewrite_outputs(a.onnx, a.output, getattr(a, "functions_from", None))
-    model, external = load_whole(a.onnx)
+    model, external = load_whole(a.onnx, check_functions)
     n_in = len(model.graph.node)
     out = transform(model)
     _check(out, a.output)
@@ -49,21 +49,24 @@ def cmd_sanitize(a) -> int:
 
 def cmd_repair(a) -> int:
     from .files import load_whole
-    from .overloads import missing_functions, restore_overloads
+    from .overloads import missing_functions, rebuild_functions, restore_overloads
 
-    fixed = 0
+    fixed = rebuilt = 0
 
     def repair(model):
-        nonlocal fixed
+        nonlocal fixed, rebuilt
         fixed = restore_overloads(model)
         if missing_functions(model) and a.functions_from:
             source, _ = load_whole(a.functions_from)
             have = {(f.domain, f.name, f.overload) for f in model.functions}
             model.functions.extend(f for f in source.functions if (f.domain, f.name, f.overload) not in have)
+        # Bodies a tool deleted (onnxslim keeps one per name) and --functions-from did not
+        # supply are written again from the file's msar.config.
+        rebuilt = rebuild_functions(model)
         return model
 
-    _, out = _rewrite(a, repair)
-    print(f"{a.output}: {fixed} overloads restored, {len(out.functions)} functions")
+    _, out = _rewrite(a, repair, check_functions=False)
+    print(f"{a.output}: {fixed} overloads restored, {rebuilt} function bodies rebuilt, {len(out.functions)} functions")
     return 0
 
 
@@ -120,7 +123,36 @@ def _check(model, target) -> None:
                              f"({e.cause[:300]}); nothing written") from None
 
 
+def cmd_genai(a) -> int:
+    from .genai import write_genai_folder
+
+    summary = write_genai_folder(a.checkpoint, a.output, dtype=a.dtype, opset=a.opset, trust_pickle=a.trust_pickle,
+                                 validate=not a.no_validate, eos_token_id=a.eos_token_id)
+    print(f"{a.output}: ONNX Runtime GenAI folder ({summary['dtype']} decode graph, tokenizer: {summary['tokenizer']}, "
+          f"end token {summary['eos_token_id']}, native msar kernels: {'yes' if summary['native_kernels'] else 'no'}); "
+          f"load it with onnxruntime_genai.Model({str(a.output)!r})")
+    return 0
+
+
+def register_genai(subparsers) -> None:
+    from ..cli_common import add_dtype, add_ort_ops, add_trust_pickle
+
+    g = subparsers.add_parser("genai", help="a folder ONNX Runtime GenAI loads (og.Model(DIR)): decode graph, "
+                                            "genai_config.json, tokenizer, native kernels")
+    g.add_argument("checkpoint")
+    g.add_argument("-o", "--output", required=True, help="output folder (new, or one msar-export genai wrote)")
+    add_dtype(g, "float32", "weight dtype of the decode graph")
+    g.add_argument("--opset", type=OPSET, default=18)
+    g.add_argument("--eos-token-id", type=int, default=None,
+                   help="end token (also the pad token) GenAI stops on; default 0 (NUL) for byte-level models")
+    g.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime vs eager check of the decode graph")
+    add_ort_ops(g)
+    add_trust_pickle(g)
+    g.set_defaults(func=cmd_genai)
+
+
 def register(subparsers) -> None:
+    register_genai(subparsers)
     p = subparsers.add_parser("onnx", help="standard ONNX tools on msar-export files, functions kept",
                               description=DESCRIPTION)
     sub = p.add_subparsers(dest="onnx_command", required=True, metavar="ACTION")

@@ -17,13 +17,14 @@ def check_rewrite_outputs(source, target, *more_inputs) -> None:
     check_outputs([target, str(target) + ".data"], [*inputs_of(source), *more_inputs])
 
 
-def load_whole(path) -> tuple[object, bool]:
+def load_whole(path, check_functions: bool = True) -> tuple[object, bool]:
     """(ModelProto with its weights, whether they were external): each external
-    file is checked to lie inside the model's folder before it is read."""
+    file is checked to lie inside the model's folder before it is read.
+    check_functions=False: a file whose msar functions another tool broke (for repair)."""
     import onnx
 
     path = Path(path)
-    graph = ExportedGraph.open(path, weights=True)  # checks every external-data location first
+    graph = ExportedGraph.open(path, weights=True, check_functions=check_functions)  # checks every external-data location first
     model, external = graph.proto, graph.uses_external_data
     if external:
         try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ..export.contracts import CONTRACTS, DOMAIN
+from ..errors import OnnxModelError
+from ..graph_file import all_nodes
 
 
 def arity_overload(op_type: str, n_inputs: int) -> str:
@@ -37,23 +39,13 @@ def restore_overloads(model) -> int:
             c.CopyFrom(f)
         del model.functions[:]
         model.functions.extend(copies)
-    for node in _all_nodes(model.graph):
+    for node in all_nodes(model.graph):
         if node.domain == DOMAIN and node.op_type in CONTRACTS:
             want = arity_overload(node.op_type, len(node.input))
             if node.overload != want:
                 node.overload = want
                 fixed += 1
     return fixed
-
-
-def _all_nodes(graph):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.g.node:
-                yield from _all_nodes(attr.g)
-            for g in attr.graphs:
-                yield from _all_nodes(g)
 
 
 def msar_functions(model) -> dict:
@@ -64,6 +56,31 @@ def msar_functions(model) -> dict:
 def missing_functions(model) -> list[str]:
     """'Name/overload' of each msar node whose function the model lacks."""
     have = msar_functions(model)
-    missing = {f"{n.op_type}/{n.overload}" for n in _all_nodes(model.graph)
+    missing = {f"{n.op_type}/{n.overload}" for n in all_nodes(model.graph)
                if n.domain == DOMAIN and (n.op_type, n.overload) not in have}
     return sorted(missing)
+
+
+def rebuild_functions(model) -> int:
+    """Add the body of every msar node's overload the model lacks, written again from the
+    file's own msar.config and default-domain opset, exactly as the exporter writes them
+    (export/functions.py).  Run restore_overloads first.  Returns how many were added."""
+    import onnx_ir as ir
+
+    from ..export.functions import function_body
+    from ..graph_file import ExportedGraph
+
+    missing = missing_functions(model)
+    if not missing:
+        return 0
+    cfg = ExportedGraph.from_proto(model).config
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    for key in missing:
+        op_type, overload = key.split("/")
+        contract = CONTRACTS.get(op_type)
+        if contract is None or not overload[1:].isdigit():
+            raise OnnxModelError(f"msar:{op_type} (overload {overload!r}) is not an op this msar-export writes; "
+                                 "its body cannot be rebuilt: give --functions-from ORIGINAL.onnx")
+        body = function_body(contract, int(overload[1:]), cfg, opset)
+        model.functions.append(ir.serde.serialize_function(body))
+    return len(missing)

@@ -23,7 +23,7 @@ def f32(x: torch.Tensor) -> torch.Tensor:
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """Parameter-free RMSNorm in float32: x / sqrt(mean(x^2) + eps)."""
     x = f32(x)
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 class RMSNorm(nn.Module):
