@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from conftest import make_checkpoint
-from msar_export import checkpoint as checkpoint_mod
 from msar_export import load_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
 from msar_export.export.save import ALIGN
