@@ -73,7 +73,8 @@ class WeightFiles:
             shards, claimed = _read_index(folder)
         else:
             return None
-        _no_stray_shards(folder, shards)
+        if index:  # one model.safetensors is the whole of the weights, whatever else the folder holds
+            _no_stray_shards(folder, shards)
         entries: dict[str, Entry] = {}
         files = []
         for location, names in shards.items():
@@ -160,7 +161,7 @@ def _no_stray_shards(folder: Path, shards: dict) -> None:
         raise CheckpointError(f"{folder}: cannot list the checkpoint folder ({e.strerror})") from None
     stray = [n for n in names if n not in shards]
     if stray:
-        raise CheckpointError(f"{folder}: {stray[0]} is not named by {INDEX_FILE if WEIGHTS_FILE not in shards else 'anything'}"
+        raise CheckpointError(f"{folder}: {stray[0]} is not named by {INDEX_FILE}"
                               f"{f' (and {len(stray) - 1} more)' if len(stray) > 1 else ''}; remove it or fix the index")
 
 

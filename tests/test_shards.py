@@ -231,3 +231,15 @@ def test_sharded_checkpoint_exports_the_same_file(single, tmp_path):
         r = run_cli("export", src, "-o", src.parent / "m.onnx", "--no-validate")
         assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert (a.parent / "m.onnx").read_bytes() == (b.parent / "m.onnx").read_bytes()
+
+
+def test_a_single_file_checkpoint_ignores_other_safetensors_files(single, tmp_path):
+    """One model.safetensors is the whole of the weights (as before shards existed); only the
+    sharded layout refuses a *.safetensors its index does not name (unreferenced_shard)."""
+    from msar_export.checkpoint import load_checkpoint
+
+    d = tmp_path / "ckpt"
+    shutil.copytree(single, d)
+    save_file({"step": torch.zeros(1)}, str(d / "optimizer.safetensors"))
+    a, b = _state(load_checkpoint(single)), _state(load_checkpoint(d))
+    assert all(torch.equal(a[k], b[k]) for k in a)
