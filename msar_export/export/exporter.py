@@ -15,6 +15,7 @@ import onnx_ir as ir
 import torch
 
 from ..checkpoint import load_checkpoint
+from ..errors import MsarError
 from ..memory import return_freed_memory
 from ..fileio import check_outputs
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
@@ -52,9 +53,27 @@ def trace_to_ir(model, opts: ExportOptions, weights=None) -> ir.Model:
     if weights is not None:
         weights.attach(program.model)
     # torch.onnx's own optimize step, less one rule whose matching is quadratic in depth.
-    model = optimize_model(program.model)
+    try:
+        model = optimize_model(program.model)
+    except Exception as e:
+        # A lazy weight the optimiser folds is read here: its CheckpointError (NaN, a short
+        # file) arrives wrapped in onnx_ir's PassErrors, and is the user's one line.
+        user_error = _msar_error_in(e)
+        if user_error is None:
+            raise
+        raise user_error from None
     separate_consumed_outputs(model)
     return model
+
+
+def _msar_error_in(e: BaseException | None) -> MsarError | None:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, MsarError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 @contextlib.contextmanager
