@@ -19,9 +19,9 @@ from .config import MSARConfig
 from .errors import CheckpointError, ConfigError, OutputError, first_line
 from .fileio import atomic_dir
 from .untrusted import contained, read_small_file
+from .weights import INDEX_FILE, SHARD_SIZE, WEIGHTS_FILE, WeightFiles, plan_shards, write_weights
 
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 PICKLE_FILES = ("model.pt", "model.bin", "pytorch_model.bin")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -69,41 +69,57 @@ def expected_count(cfg: MSARConfig) -> int:
     return n
 
 
+def _hint(cfg: MSARConfig) -> str:
+    return (f"(config: residual={cfg.residual}, n_blocks={cfg.n_blocks}, stream_kernels={list(cfg.stream_kernels)}, "
+            f"tie_embeddings={str(cfg.tie_embeddings).lower()})")
+
+
+def validate_table(cfg: MSARConfig, table: dict[str, tuple]) -> None:
+    """Names, dtypes and shapes (`table`: name -> (dtype, shape)) against the config, before
+    any value is read: a header that lies costs nothing.  Raises CheckpointError."""
+    n_want = expected_count(cfg)
+    if n_want > 2 * len(table) + 64:
+        # Named lazily: a config may claim 10**8 blocks; the first missing names come
+        # within len(table) + 3 steps, so the work is bounded by what the file holds.
+        first = list(itertools.islice((n for n, _ in iter_expected(cfg) if n not in table), 3))
+        raise CheckpointError(f"checkpoint is missing {n_want - len(table):,} or more tensor(s), first {first} {_hint(cfg)}")
+    want = expected_shapes(cfg)  # at most 2 len(table) + 64 entries
+    missing = [n for n in want if n not in table]
+    extra = sorted(n for n in table if n not in want)
+    if missing:
+        raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s), first {missing[:3]} {_hint(cfg)}")
+    if extra:
+        raise CheckpointError(f"checkpoint has {len(extra)} unexpected tensor(s), first {extra[:3]} {_hint(cfg)}")
+    for name, shape in want.items():
+        dtype, got = table[name]
+        if dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"tensor {name!r} has dtype {dtype}, expected float32, float16 or bfloat16")
+        if tuple(got) != shape:
+            raise CheckpointError(
+                f"tensor {name!r} has shape {list(got)} but config.json implies {list(shape)}; "
+                "config and weights disagree"
+            )
+
+
+def checked_values(name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`t`, its values checked finite, converted to `dtype` (and checked again) if given."""
+    if not bool(torch.isfinite(t).all()):
+        raise CheckpointError(f"tensor {name!r} holds NaN or Inf values; the checkpoint is corrupt")
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+        if not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"tensor {name!r} has values beyond the range of {dtype}; export in a wider dtype")
+    return t
+
+
 def validate_tensors(cfg: MSARConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> None:
     """Raise CheckpointError naming the first problem; silent when all is well.
 
     dtype: also convert each tensor in `tensors` to it, right after its values are
     checked, so only one tensor is ever held in both precisions."""
-    hint = f"(config: residual={cfg.residual}, n_blocks={cfg.n_blocks}, stream_kernels={list(cfg.stream_kernels)}, tie_embeddings={str(cfg.tie_embeddings).lower()})"
-    n_want = expected_count(cfg)
-    if n_want > 2 * len(tensors) + 64:
-        # Named lazily: a config may claim 10**8 blocks; the first missing names come
-        # within len(tensors) + 3 steps, so the work is bounded by what the file holds.
-        first = list(itertools.islice((n for n, _ in iter_expected(cfg) if n not in tensors), 3))
-        raise CheckpointError(f"checkpoint is missing {n_want - len(tensors):,} or more tensor(s), first {first} {hint}")
-    want = expected_shapes(cfg)  # at most 2 len(tensors) + 64 entries
-    missing = [n for n in want if n not in tensors]
-    extra = sorted(n for n in tensors if n not in want)
-    if missing:
-        raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s), first {missing[:3]} {hint}")
-    if extra:
-        raise CheckpointError(f"checkpoint has {len(extra)} unexpected tensor(s), first {extra[:3]} {hint}")
-    for name, shape in want.items():
-        t = tensors[name]
-        if t.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(f"tensor {name!r} has dtype {t.dtype}, expected float32, float16 or bfloat16")
-        if tuple(t.shape) != shape:
-            raise CheckpointError(
-                f"tensor {name!r} has shape {list(t.shape)} but config.json implies {list(shape)}; "
-                "config and weights disagree"
-            )
-        if not bool(torch.isfinite(t).all()):
-            raise CheckpointError(f"tensor {name!r} holds NaN or Inf values; the checkpoint is corrupt")
-        if dtype is not None and t.dtype != dtype:
-            tensors[name] = t = t.to(dtype)
-            if not bool(torch.isfinite(t).all()):
-                raise CheckpointError(f"tensor {name!r} has values beyond the range of {dtype}; "
-                                      "export in a wider dtype")
+    validate_table(cfg, {n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()})
+    for name in expected_shapes(cfg):
+        tensors[name] = checked_values(name, tensors[name], dtype)
 
 
 def member(path: Path, name: str) -> Path:
@@ -125,28 +141,17 @@ def read_config(path: Path) -> MSARConfig:
 
 
 def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
-    st = path / WEIGHTS_FILE
-    if os.path.lexists(st):
-        st = member(path, WEIGHTS_FILE)  # a FIFO or device would block or never end
-        from safetensors import SafetensorError, safe_open
+    """Every tensor as stored (for the pickle route and tools; loading validates headers first)."""
+    files = WeightFiles.open(path)
+    if files is not None:
+        return {name: files.read(name) for name in files.entries}
+    return read_pickle(path, trust_pickle)
 
-        try:
-            with safe_open(st, "pt") as f:
-                names = list(f.keys())
-            tensors = {}
-            for name in names:
-                # A handle per tensor, so each tensor maps its own part of the file: one shared
-                # mapping stays resident until the last tensor goes, so converting the weights to
-                # another dtype (or freeing some) would keep every float32 page alive beside them.
-                with safe_open(st, "pt") as f:
-                    tensors[name] = f.get_tensor(name)
-            return tensors
-        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{st}: not a readable safetensors file ({first_line(e)}); "
-                                  "the file is truncated or corrupt") from None
+
+def read_pickle(path: Path, trust_pickle: bool) -> dict[str, torch.Tensor]:
     pickles = [path / n for n in PICKLE_FILES if os.path.lexists(path / n)]
     if not pickles:
-        raise CheckpointError(f"{path}: no {WEIGHTS_FILE}")
+        raise CheckpointError(f"{path}: no {WEIGHTS_FILE} (nor {INDEX_FILE} with its shards)")
     member(path, pickles[0].name)
     if not trust_pickle:
         raise CheckpointError(
@@ -162,23 +167,54 @@ def read_tensors(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tens
     return obj
 
 
+def model_dtype(dtypes) -> torch.dtype:
+    """The checkpoint's dtype when it has one, else float32."""
+    dtypes = set(dtypes)
+    return dtypes.pop() if len(dtypes) == 1 else torch.float32
+
+
+def check_weight_files(cfg: MSARConfig, files: WeightFiles) -> None:
+    validate_table(cfg, {n: (e.dtype, e.shape) for n, e in files.entries.items()})
+
+
+def open_checkpoint(path: str | os.PathLike) -> tuple[MSARConfig, WeightFiles]:
+    """The config and the validated headers of a safetensors checkpoint, no value read:
+    for readers that take one tensor at a time (a weightless export)."""
+    path = _checkpoint_dir(path)
+    cfg = read_config(path)
+    files = WeightFiles.open(path)
+    if files is None:
+        raise CheckpointError(f"{path}: no {WEIGHTS_FILE} (nor {INDEX_FILE} with its shards)")
+    check_weight_files(cfg, files)
+    return cfg, files
+
+
+def _checkpoint_dir(path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: a checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}, not a file")
+    return path
+
+
 def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None, trust_pickle: bool = False):
     """Load a checkpoint directory into an `MSARLM` in eval mode.
 
     dtype: the model's dtype; default is the checkpoint's (float32 if mixed)."""
     from .model import MSARLM
 
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint directory")
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: a checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}, not a file")
+    path = _checkpoint_dir(path)
     cfg = read_config(path)
-    tensors = read_tensors(path, trust_pickle)
-    if dtype is None:
-        dtypes = {t.dtype for t in tensors.values()}
-        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-    validate_tensors(cfg, tensors, dtype)  # converts tensor by tensor
+    files = WeightFiles.open(path)
+    if files is None:
+        tensors = read_pickle(path, trust_pickle)
+        dtype = dtype or model_dtype(t.dtype for t in tensors.values())
+        validate_tensors(cfg, tensors, dtype)  # converts tensor by tensor
+    else:
+        check_weight_files(cfg, files)  # every header, before a value is read
+        dtype = dtype or model_dtype(e.dtype for e in files.entries.values())
+        tensors = {name: checked_values(name, files.read(name), dtype) for name in files.entries}
     with torch.device("meta"):  # no random init: the weights come from the file
         model = MSARLM(cfg)
     # assign=True: the loaded tensors become the parameters (no second copy).
@@ -186,11 +222,11 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     return model.eval()
 
 
-def save_checkpoint(model, path: str | os.PathLike, *, dtype: torch.dtype | None = None, extra_files: dict[str, str] | None = None) -> Path:
+def save_checkpoint(model, path: str | os.PathLike, *, dtype: torch.dtype | None = None,
+                    extra_files: dict[str, str] | None = None, max_shard_size: int = SHARD_SIZE) -> Path:
     """Write `model` as a checkpoint directory, atomically (the old directory,
-    if any, stays whole until the new one is complete)."""
-    from safetensors.torch import save_file
-
+    if any, stays whole until the new one is complete): one `model.safetensors`, or
+    shards of at most `max_shard_size` bytes with their index when the weights are larger."""
     path = Path(path)
     if path.is_dir() and any(path.iterdir()) and not (path / CONFIG_FILE).is_file():
         # atomic_dir replaces the whole directory: only ever one that holds a checkpoint
@@ -198,9 +234,18 @@ def save_checkpoint(model, path: str | os.PathLike, *, dtype: torch.dtype | None
                           "refusing to replace it")
     state = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
     validate_tensors(model.cfg, state)
+    save_weights(path, model.cfg, iter(state.items()), {n: t.numel() * t.element_size() for n, t in state.items()},
+                 max_shard_size, extra_files)
+    return path
+
+
+def save_weights(path: Path, cfg: MSARConfig, tensors, sizes: dict[str, int], max_shard_size: int = SHARD_SIZE,
+                 extra_files: dict[str, str] | None = None) -> None:
+    """The checkpoint directory of `cfg` from `tensors` ((name, tensor) in `sizes`' order, made
+    on demand: a generator holds one shard at a time), atomically."""
+    plan = plan_shards(sizes.items(), max_shard_size)
     with atomic_dir(path) as tmp:
-        (tmp / CONFIG_FILE).write_text(model.cfg.to_json(), encoding="utf-8")
-        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "model_type": "msar_lm"})
+        (tmp / CONFIG_FILE).write_text(cfg.to_json(), encoding="utf-8")
+        write_weights(tmp, tensors, plan, {"format": "pt", "model_type": "msar_lm"})
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
-    return path

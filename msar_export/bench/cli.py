@@ -35,16 +35,18 @@ def cmd_bench(a) -> int:
         print(f"wrote {Path(a.out) / 'export_scaling.json'} and {Path(a.out) / 'export_scaling.png'}")
         return 0 if all(r["returncode"] == 0 for r in res["rows"]) else 1
     if a.export_memory:
-        from .memory import VARIANTS, memory_config, memory_table, run_export_memory, write_memory
+        from .memory import LARGE_VARIANTS, VARIANTS, memory_config, memory_table, run_export_memory, write_memory
 
-        variants = VARIANTS if a.variants == "all" else [v for v in VARIANTS if v[0] in a.variants.split(",")]
+        known = VARIANTS + LARGE_VARIANTS
+        variants = VARIANTS if a.variants == "all" else [v for v in known if v[0] in a.variants.split(",")]
         if not variants:
-            raise InputError(f"--variants: none of {a.variants!r} is one of {[v[0] for v in VARIANTS]}")
+            raise InputError(f"--variants: none of {a.variants!r} is one of {[v[0] for v in known]}")
         try:
             nb, d, vocab = (int(x) for x in a.memory_shape.split(","))
         except ValueError:
             raise InputError(f"--memory-shape takes n_blocks,d_model,vocab, got {a.memory_shape!r}") from None
-        res = run_export_memory(memory_config(nb, d, vocab), variants)
+        shard = None if a.shard_mb is None else int(a.shard_mb * 2**20)
+        res = run_export_memory(memory_config(nb, d, vocab), variants, a.memory_work, max_shard_size=shard)
         write_memory(res, Path(a.out), a.memory_name)
         print(memory_table(res))
         if a.update_readme:
@@ -120,4 +122,10 @@ def register(sub) -> None:
                    help="--export-memory: the random checkpoint's shape (default about 320 M parameters)")
     b.add_argument("--variants", default="all", help="--export-memory: comma-separated variant labels, or all")
     b.add_argument("--memory-name", default="export_memory", help="--export-memory: JSON/PNG file name stem")
+    b.add_argument("--shard-mb", type=float, default=None, metavar="MIB",
+                   help="--export-memory: write the checkpoint in shards of at most this size (default: one file "
+                        "up to 5 GB). The larger-than-memory row: --memory-shape 32,4096,32000 --shard-mb 2000 "
+                        "--variants 'default --external-data --no-validate' --memory-name export_memory_large")
+    b.add_argument("--memory-work", type=Path, default=None, metavar="DIR",
+                   help="--export-memory: where the checkpoint and exports are made (removed after)")
     b.set_defaults(func=cmd_bench)

@@ -6,16 +6,17 @@ checkpoint + the interpreter's baseline (python importing msar_export and torch)
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 from pathlib import Path
 
-from ..checkpoint import save_checkpoint
 from ..config import MSARConfig
+from ..errors import InputError
 from ..fileio import atomic_write_text
 from .probe import cli_probe, python_probe
 from .report import replace_block, save_png
-from .models import random_model
+from .models import random_checkpoint
 from .scaling import KIND_FLAGS, _reported
 from .timing import machine_description
 
@@ -23,6 +24,9 @@ GOAL = 1.5
 # (label, export flags): every graph kind, then the options that change what is held.
 VARIANTS = tuple((kind, flags) for kind, flags in KIND_FLAGS.items()) + (
     ("default --external-data", ["--external-data"]), ("default --dtype float16", ["--dtype", "float16"]))
+# The larger-than-memory row (issue 26): weights never resident, so validation (which loads
+# the model for its float64 reference) is left out and the weights go to external data.
+LARGE_VARIANTS = (("default --external-data --no-validate", ["--external-data", "--no-validate"]),)
 BASELINE_CODE = ("import torch, msar_export.checkpoint, msar_export.model\n"  # what `import msar_export` loaded before it went lazy
 
                  "print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) / 1024)")
@@ -37,17 +41,49 @@ def baseline_mb() -> float:
     return float(python_probe(BASELINE_CODE)["stdout"].split()[-1])
 
 
-def run_export_memory(cfg: MSARConfig, variants=VARIANTS, work: Path | None = None, log=print) -> dict:
+def checkpoint_bytes(cfg: MSARConfig) -> int:
+    from ..checkpoint import iter_expected
+
+    return sum(4 * math.prod(shape) for _, shape in iter_expected(cfg))
+
+
+def largest_tensor_bytes(cfg: MSARConfig) -> int:
+    from ..checkpoint import iter_expected
+
+    return max(4 * math.prod(shape) for _, shape in iter_expected(cfg))
+
+
+def export_bound_mib(base_mib: float, cfg: MSARConfig) -> float:
+    """Issue 26's bound on the export's peak (validation excluded): the interpreter's
+    baseline + 1 GiB + the largest single tensor (float32), whatever the checkpoint's size."""
+    return base_mib + 1024 + largest_tensor_bytes(cfg) / 2**20
+
+
+def plan_disk(cfg: MSARConfig, work: Path | None) -> int:
+    """Refuse, before writing anything, a run the disk cannot hold: the float32 checkpoint,
+    one export's file (at most as large: its weights in float32) and 1 GiB.  Returns the need."""
+    need = 2 * checkpoint_bytes(cfg) + 2**30
+    folder = Path(work) if work is not None else Path(tempfile.gettempdir())
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise InputError(f"--export-memory needs {need / 2**30:.1f} GiB free in {folder} (checkpoint + export + "
+                         f"1 GiB), {free / 2**30:.1f} GiB are; give another folder with --memory-work")
+    return need
+
+
+def run_export_memory(cfg: MSARConfig, variants=VARIANTS, work: Path | None = None, log=print,
+                      max_shard_size: int | None = None) -> dict:
+    """max_shard_size: write the checkpoint in shards of at most this many bytes."""
     rows = []
+    plan_disk(cfg, work)
     base = baseline_mb()
     with tempfile.TemporaryDirectory(prefix="msar-memory-", dir=work) as tmp:
-        ckpt = Path(tmp) / "ckpt"
-        model = random_model(cfg)
-        params = sum(p.numel() for p in model.parameters())
-        save_checkpoint(model, ckpt)
-        del model
-        ckpt_mb = (ckpt / "model.safetensors").stat().st_size / 2**20
-        log(f"  {params / 1e6:.0f} M parameters, checkpoint {ckpt_mb:.0f} MiB, baseline {base:.0f} MiB")
+        ckpt = random_checkpoint(cfg, Path(tmp) / "ckpt", max_shard_size=max_shard_size)
+        params = checkpoint_bytes(cfg) // 4
+        shards = len(list(ckpt.glob("*.safetensors")))
+        ckpt_mb = sum(p.stat().st_size for p in ckpt.glob("*.safetensors")) / 2**20
+        log(f"  {params / 1e6:.0f} M parameters, checkpoint {ckpt_mb:.0f} MiB in {shards} file(s), "
+            f"baseline {base:.0f} MiB")
         for label, flags in variants:
             out = Path(tmp) / "m.onnx"
             r = cli_probe("export", str(ckpt), "-o", str(out), *flags)
@@ -63,6 +99,7 @@ def run_export_memory(cfg: MSARConfig, variants=VARIANTS, work: Path | None = No
                    "reported_peak_mib": reported, "tree_peak_mib": r["tree_peak_rss_mb"],
                    "rusage_peak_mib": round(r["peak_rss_mb"], 1),
                    "over_checkpoint": round((total - base) / ckpt_mb, 2), "goal": GOAL,
+                   "export_bound_mib": round(export_bound_mib(base, cfg), 1),
                    "validation": next((ln.strip() for ln in r["stdout"].splitlines() if "validation:" in ln), "")[:300],
                    "file_mib": round(sum(p.stat().st_size for p in out.parent.glob(out.name + "*")) / 2**20, 1)}
             if r["returncode"] != 0:
@@ -73,7 +110,8 @@ def run_export_memory(cfg: MSARConfig, variants=VARIANTS, work: Path | None = No
             log(f"  {label:26s}: peak {total:.0f} MiB = baseline + {row['over_checkpoint']}x checkpoint "
                 f"(export alone {row['peak_export_mib']:.0f}), {row['wall_s']} s, rc {r['returncode']}")
         shutil.rmtree(ckpt)
-    return {"machine": machine_description(2), "settings": {"config": json.loads(cfg.to_json())}, "rows": rows}
+    return {"machine": machine_description(2), "settings": {"config": json.loads(cfg.to_json()), "shards": shards},
+            "rows": rows}
 
 
 def memory_table(result: dict) -> str:

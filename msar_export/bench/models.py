@@ -24,3 +24,32 @@ def native_available() -> bool:
     from ..runners.ort_runner import native_library
 
     return native_library() is not None
+
+
+def random_checkpoint(cfg: MSARConfig, path, seed: int = 0, max_shard_size: int | None = None):
+    """A checkpoint of random weights (random_model's distributions) written shard by shard,
+    without a model: each tensor is made as its shard is written, so a checkpoint larger
+    than memory can be made (bench --export-memory's sharded row).  Returns the path."""
+    from ..checkpoint import iter_expected, save_weights
+    from ..weights import SHARD_SIZE
+
+    shapes = dict(iter_expected(cfg))
+    sizes = {n: 4 * _numel(s) for n, s in shapes.items()}
+    g = torch.Generator().manual_seed(seed)
+
+    def tensors():
+        for name, shape in shapes.items():
+            if name.endswith("norm.weight") or name.endswith("gate_scale"):
+                yield name, torch.ones(shape)
+            else:
+                yield name, torch.empty(shape).normal_(0.0, 0.5 if name.endswith(".query") else 0.02, generator=g)
+
+    save_weights(path, cfg, tensors(), sizes, max_shard_size or SHARD_SIZE)
+    return path
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

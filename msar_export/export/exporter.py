@@ -15,6 +15,7 @@ import onnx_ir as ir
 import torch
 
 from ..checkpoint import load_checkpoint
+from ..errors import MsarError
 from ..memory import return_freed_memory
 from ..fileio import check_outputs
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
@@ -30,8 +31,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 assert tuple(DTYPES) == DTYPE_NAMES
 
 
-def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
-    """Run torch.onnx (dynamo) on the prefill or decode graph of `model`."""
+def trace_to_ir(model, opts: ExportOptions, weights=None) -> ir.Model:
+    """Run torch.onnx (dynamo) on the prefill or decode graph of `model`.
+    weights: a `weightless.LazyWeights` when `model` is fake; its loaders replace the fake
+    initializers before the optimiser, whose constant folding reads the small ones."""
     graph_cls = DecodeGraph if opts.decode else PrefillGraph
     # --decomposed traces the custom-op graph too and inlines the function bodies
     # afterwards (inline_functions): torch.export then sees one node per mixer,
@@ -47,10 +50,30 @@ def trace_to_ir(model, opts: ExportOptions) -> ir.Model:
             dynamic_shapes=spec.torch_dynamic_shapes(), opset_version=opts.opset, optimize=False,
             external_data=False,
         )
+    if weights is not None:
+        weights.attach(program.model)
     # torch.onnx's own optimize step, less one rule whose matching is quadratic in depth.
-    model = optimize_model(program.model)
+    try:
+        model = optimize_model(program.model)
+    except Exception as e:
+        # A lazy weight the optimiser folds is read here: its CheckpointError (NaN, a short
+        # file) arrives wrapped in onnx_ir's PassErrors, and is the user's one line.
+        user_error = _msar_error_in(e)
+        if user_error is None:
+            raise
+        raise user_error from None
     separate_consumed_outputs(model)
     return model
+
+
+def _msar_error_in(e: BaseException | None) -> MsarError | None:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, MsarError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 @contextlib.contextmanager
@@ -170,13 +193,15 @@ def export_model(model, out: str | os.PathLike, opts: ExportOptions = ExportOpti
 
 
 def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, owns_model: bool,
-            defer_validation: bool = False, inputs=()) -> ExportReport:
+            defer_validation: bool = False, inputs=(), weights=None) -> ExportReport:
     """`load(dtype)` gives the model in `dtype`.  With validation the model is loaded in
     float32, its reference logits computed (float64 and opts.dtype) and the weights
     converted in place before tracing: nothing is reloaded for validation.
     defer_validation: leave the ONNX Runtime run to the caller (report.reference)."""
     from .validate import reference_logits
 
+    if weights is not None:
+        return _export_weightless(load, weights, out, opts, source_name, validate, defer_validation, inputs)
     # The whole output set, before minutes of tracing: the file, its data file, never an input.
     out = check_outputs([out, Path(str(out) + ".data")], inputs)[0]
     t0 = time.perf_counter()
@@ -196,6 +221,17 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, ow
     # every del and gc: a model we loaded ourselves is emptied in place after saving.
     owned = list(model.parameters()) if owns_model else []
     del model
+    counts, external, size = finish_and_save(onnx_model, cfg, opts, source_name, out)
+    for p in owned:
+        p.data = torch.empty(0, dtype=p.dtype)
+    del owned
+    return _report(ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, 0.0,
+                                external_data=external), reference, validate and not defer_validation)
+
+
+def finish_and_save(onnx_model: ir.Model, cfg, opts: ExportOptions, source_name: str, out: Path):
+    """Function bodies (or inlined), names, metadata; then the file, one weight at a time,
+    each dropped once written.  Returns (custom-op counts, external data?, bytes written)."""
     counts = attach_functions(onnx_model, cfg, opts.opset)
     if opts.decomposed:
         inline_functions(onnx_model)
@@ -204,19 +240,46 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, ow
     name_hidden_states(onnx_model, cfg.n_sublayers)
     describe(onnx_model, cfg, opts, source_name)
     gc.collect()  # the exported program and its module hold references to the weights until collected
+    # weight_bytes counts shapes only: a lazy weight is not read to be measured
     external = opts.external_data or weight_bytes(onnx_model) > EXTERNAL_DATA_ABOVE
     size = save_model(onnx_model, out, release=True, external_data=external)
+    return counts, external, size
+
+
+def _export_weightless(load, weights, out, opts: ExportOptions, source_name: str, validate: bool,
+                       defer_validation: bool, inputs) -> ExportReport:
+    """The checkpoint path: traced from a fake model, each weight read from the checkpoint
+    as it is written (weightless.py).  With validation, the float64 reference is computed
+    first from the loaded model, which is dropped before tracing."""
+    from .validate import reference_logits
+    from .weightless import fake_model
+
+    out = check_outputs([out, Path(str(out) + ".data")], inputs)[0]
+    t0 = time.perf_counter()
+    reference = None
+    if validate:
+        t_ref = time.perf_counter()
+        model = load(torch.float32).eval()
+        reference = reference_logits(model, opts.dtype)
+        del model
+        return_freed_memory()
+        t0 += time.perf_counter() - t_ref  # export seconds: trace and save, as without validation
+    cfg = weights.cfg
+    n_params = sum(e.nbytes // max(1, e.dtype.itemsize) for e in weights.files.entries.values())
+    with torch.no_grad():
+        onnx_model = trace_to_ir(fake_model(cfg, DTYPES[opts.dtype]), opts, weights)
+    counts, external, size = finish_and_save(onnx_model, cfg, opts, source_name, out)
     del onnx_model
-    for p in owned:
-        p.data = torch.empty(0, dtype=p.dtype)
-    del owned
+    return _report(ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, 0.0,
+                                external_data=external), reference, validate and not defer_validation)
+
+
+def _report(report: ExportReport, reference, validate_now: bool) -> ExportReport:
+    """The report of a saved export, its peak RSS taken after the freed memory went back."""
     return_freed_memory()
-    report = ExportReport(out, opts, counts, n_params, size, time.perf_counter() - t0, peak_rss_mb(),
-                          external_data=external)
+    report.peak_rss_mb = peak_rss_mb()
     report.reference = reference
-    if validate and not defer_validation:
-        finish_validation(report)
-    return report
+    return finish_validation(report) if validate_now else report
 
 
 def finish_validation(report: ExportReport) -> ExportReport:
@@ -230,8 +293,26 @@ def finish_validation(report: ExportReport) -> ExportReport:
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, opts: ExportOptions = ExportOptions(),
                       trust_pickle: bool = False, validate: bool = True, defer_validation: bool = False) -> ExportReport:
+    """A safetensors checkpoint (one file or shards) is exported weightless (weightless.py);
+    a trusted pickle one is loaded whole."""
     def load(dtype):
         return load_checkpoint(checkpoint, dtype=dtype, trust_pickle=trust_pickle)
 
+    weights = _lazy_weights(checkpoint, opts)
     return _export(load, out, opts, Path(checkpoint).name, validate, owns_model=True,
-                   defer_validation=defer_validation, inputs=[checkpoint])
+                   defer_validation=defer_validation, inputs=[checkpoint], weights=weights)
+
+
+def _lazy_weights(checkpoint, opts: ExportOptions):
+    """LazyWeights over the checkpoint's validated headers; None for a pickle checkpoint."""
+    from ..checkpoint import check_weight_files, read_config
+    from ..weights import WeightFiles
+    from .weightless import LazyWeights
+
+    path = Path(checkpoint)
+    files = WeightFiles.open(path) if path.is_dir() else None
+    if files is None:
+        return None  # not a folder, or pickle: load_checkpoint refuses or reads it, with its own messages
+    cfg = read_config(path)
+    check_weight_files(cfg, files)  # every header against the config, before tracing
+    return LazyWeights(files, cfg, DTYPES[opts.dtype])

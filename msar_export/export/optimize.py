@@ -36,7 +36,7 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> ir.Model:
         common_passes.InlinePass(),
         ir.passes.PassManager(
             [
-                _constant_folding.FoldConstantsPass(
+                _fold_pass_keeping_lazy_weights()(
                     shape_inference=True,
                     input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
                     output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
@@ -60,6 +60,37 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> ir.Model:
     passes(model)
     onnx_fusions.fuse(model)
     return model
+
+
+def _fold_pass_keeping_lazy_weights():
+    """onnxscript's FoldConstantsPass, except that a Transpose folded from a lazy weight (a
+    weightless export, weightless.py) gives a lazy result.  onnxscript folds a Transpose of
+    any size when the weight has no other reader (every Linear weight, an untied lm_head),
+    and would hold each result until the file is written: the whole model, transposed.  Here
+    the fold still runs once (so everything else the pass decides is unchanged), its result
+    is dropped, and the same transpose is recomputed from the weight when it is written."""
+    import numpy as np
+    from onnxscript.optimizer import _constant_folding
+
+    class FoldKeepingLazyWeights(_constant_folding.FoldConstantsPass):
+        def new_initializer(self, node: ir.Node, array):
+            value = super().new_initializer(node, array)
+            src = node.inputs[0].const_value if node.inputs and node.inputs[0] is not None else None
+            if (value is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx")
+                    or not isinstance(src, ir.LazyTensor)):
+                return value
+            perm = node.attributes["perm"].as_ints() if "perm" in node.attributes else None
+            done = value.const_value
+
+            def transposed(src=src, perm=perm):
+                # contiguous: save.py writes a C-ordered array from its memory, anything else via
+                # tobytes(), which would evaluate the lazy tensor a second time
+                return ir.tensor(np.ascontiguousarray(np.transpose(src.numpy(), perm)))
+
+            value.const_value = ir.LazyTensor(transposed, dtype=done.dtype, shape=done.shape, name=done.name)
+            return value
+
+    return FoldKeepingLazyWeights
 
 
 def remove_identity_casts(model: ir.Model) -> int:
