@@ -77,7 +77,8 @@ def markdown_table(result: dict) -> str:
     lines += [f"| {k} | {v} |" for k, v in result["ratios"].items() if k != "shape"]
     if "guard" in result:
         g = result["guard"]
-        lines += ["", f"Guard model ({g['model']}, prefill {g['shape'][0]}x{g['shape'][1]}, tests/test_bench_guard.py): "
+        lines += ["", f"Guard model ({g['model']}, prefill {g['shape'][0]}x{g['shape'][1]}, {g['threads']} thread(s), "
+                  "tests/test_bench_guard.py): "
                   + ", ".join(f"{k} {v}" for k, v in g.items() if k.startswith("msar/standard")) + "."]
     if "export_probe" in result:
         e = result["export_probe"]

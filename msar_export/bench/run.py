@@ -247,7 +247,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
         from .guard import guard_ratios
 
         log("== guard model (tests/test_bench_guard.py compares against these)")
-        result["guard"] = guard_ratios(settings.threads)
+        result["guard"] = guard_ratios()
         if settings.export_probe_params:
             result["export_probe"] = export_probe(settings.export_probe_params, workdir, log)
     result["ratios"] = ratios(result)
