@@ -27,8 +27,7 @@ from conftest import rel_err
 from msar_export.serving.repository.triton_model import MsarOnnx, Served, plan_groups
 from msar_export.serving.repository.writer import MANIFEST, build_serving_repo, build_stock_repo, verify_repo
 from msar_export.serving.triton.client import infer_json, json_tensor
-from serving_fixtures import (REPO, generate_request, graphs, ids_of, logits_request, output, refs,  # noqa: F401
-                              run_cli, served, triton)
+from serving_fixtures import REPO, generate_request, ids_of, logits_request, output, run_cli  # fixtures: conftest.py
 
 
 def test_plan_groups_merges_only_similar_lengths():
@@ -200,6 +199,9 @@ def test_malformed_requests_get_clear_errors_and_the_server_keeps_serving(served
     assert rel_err(output(body), refs[0].logits(good)) <= 1e-4
 
 
+# Two servers of its own on top of the shared one; the start, answers and clean SIGTERM stop of a
+# server stay in the default tier (the `served` fixture and test_served_answers_equal_onnx_runtime).
+@pytest.mark.slow
 def test_crash_and_restart_lose_no_committed_files(triton, graphs, refs, tmp_path):
     """SIGKILL the server (and its stubs) mid-traffic, then SIGTERM it: the repository is
     intact each time, and a restart reuses it and answers as before."""
