@@ -49,22 +49,11 @@ def compile_check_dir(tag: str) -> Path:
 def compile_check_without_headers():
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not found: the CUDA kernels cannot be compiled here")
-    # sm_90 only (the device gpu_check runs on): each arch is a full device compile, about half the
-    # minute; sm_80 as well is the slow tier's (test_kernels_compile_with_nvcc_for_sm80_and_sm90).
-    return run_compile_check({"MSAR_CUDA_ARCHS": "90"}, compile_check_dir("kernels"))
+    return run_compile_check({}, compile_check_dir("kernels"))
 
 
-def test_kernels_compile_with_nvcc_for_sm90(compile_check_without_headers):
+def test_kernels_compile_with_nvcc_for_sm80_and_sm90(compile_check_without_headers):
     r = compile_check_without_headers
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "compiled: msar_kernel_objects (sm_90)" in r.stdout.splitlines(), r.stdout
-
-
-@pytest.mark.slow  # one more arch of the nvcc compile test_kernels_compile_with_nvcc_for_sm90 runs
-def test_kernels_compile_with_nvcc_for_sm80_and_sm90():
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not found: the CUDA kernels cannot be compiled here")
-    r = run_compile_check({}, compile_check_dir("kernels-sm80-sm90"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "compiled: msar_kernel_objects (sm_80 sm_90)" in r.stdout.splitlines(), r.stdout
 
