@@ -199,9 +199,6 @@ def test_malformed_requests_get_clear_errors_and_the_server_keeps_serving(served
     assert rel_err(output(body), refs[0].logits(good)) <= 1e-4
 
 
-# Two servers of its own on top of the shared one; the start, answers and clean SIGTERM stop of a
-# server stay in the default tier (the `served` fixture and test_served_answers_equal_onnx_runtime).
-@pytest.mark.slow
 def test_crash_and_restart_lose_no_committed_files(triton, graphs, refs, tmp_path):
     """SIGKILL the server (and its stubs) mid-traffic, then SIGTERM it: the repository is
     intact each time, and a restart reuses it and answers as before."""
