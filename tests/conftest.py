@@ -79,3 +79,9 @@ def rel_err(got, ref) -> float:
     """max abs error over max abs reference (the project's parity metric)."""
     got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+# The helper modules' session fixtures, registered once here: a test module that imports a fixture by
+# name gets a copy of its own (one more export, one more Triton server per module that uses it).
+from compare_fixtures import faithful  # noqa: E402,F401
+from serving_fixtures import graphs, refs, served, triton  # noqa: E402,F401

@@ -1,7 +1,8 @@
 """The Triton fixtures test_serving.py and test_serving_load.py share: the Triton
 install in .venv-triton, a small random checkpoint with both graphs exported, their
 ONNX Runtime references and one `msar-export serve` on free loopback ports, each made
-once per test session (imported by name into both modules)."""
+once per test session (registered in conftest.py: a module importing them by name
+would get copies of its own)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ POLYGRAPHY = str(Path(sys.executable).parent / "polygraphy")
 D = 40  # d_model of conftest.ODD
 
 
-from compare_fixtures import faithful, faulted, scale_tap  # noqa: E402,F401  (faithful: session-scoped, shared with test_compare_cli.py)
+from compare_fixtures import faulted, scale_tap  # noqa: E402  (the `faithful` fixture: conftest.py)
 
 
 def flip_taps(sources):
@@ -228,6 +228,9 @@ def test_names_are_matched_exactly_not_by_polygraphy_substring_rules(reference):
     assert res.layer("hidden.1").status == "fail"
 
 
+# Trained weights are the slow tier's: check_parity on a prefill graph runs in test_faithful_export_passes, and
+# trained weights through the exporter in test_export.py::test_prefill_graph_matches_float64_reference[trained-prefill].
+@pytest.mark.slow
 def test_trained_checkpoint_passes(tmp_path):
     ckpt = trained_checkpoint("msar")
     onnx_path = tmp_path / "trained.onnx"

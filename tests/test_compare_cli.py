@@ -21,7 +21,7 @@ POLYGRAPHY = str(Path(sys.executable).parent / "polygraphy")
 D = 40  # d_model of conftest.ODD
 
 
-from compare_fixtures import faithful, faulted, scale_tap  # noqa: E402,F401  (faithful: session-scoped, shared with test_compare.py)
+from compare_fixtures import faulted, scale_tap  # noqa: E402  (the `faithful` fixture: conftest.py)
 
 
 # -- command line, report, golden files ----------------------------------------------------

@@ -148,8 +148,19 @@ def test_trusted_pickle_of_plain_tensors_loads(tmp_path):
     assert torch.equal(model.embed.weight, tensors["embed.weight"])
 
 
+@pytest.fixture(scope="module")
+def standard_onnx(tmp_path_factory):
+    """One export for the cases that break a real file (the same bytes each case exported before)."""
+    from msar_export.export import ExportOptions, export_checkpoint
+
+    root = tmp_path_factory.mktemp("bad_onnx")
+    ckpt, _ = make_checkpoint(root / "c", seed=1, residual="standard", n_blocks=1)
+    export_checkpoint(ckpt, root / "m.onnx", ExportOptions(), validate=False)
+    return root / "m.onnx"
+
+
 @pytest.mark.parametrize("what", ["not_onnx", "truncated", "missing", "missing_external_data"])
-def test_bad_onnx_files_get_specific_errors(tmp_path, what):
+def test_bad_onnx_files_get_specific_errors(tmp_path, what, request):
     from msar_export.runtime import OrtModel
 
     path = tmp_path / "m.onnx"
@@ -159,10 +170,7 @@ def test_bad_onnx_files_get_specific_errors(tmp_path, what):
     elif what == "missing":
         match = "no such file"
     else:
-        ckpt, _ = make_checkpoint(tmp_path / "c", seed=1, residual="standard", n_blocks=1)
-        from msar_export.export import ExportOptions, export_checkpoint
-
-        export_checkpoint(ckpt, path, ExportOptions(), validate=False)
+        path.write_bytes(request.getfixturevalue("standard_onnx").read_bytes())
         if what == "truncated":
             data = path.read_bytes()
             path.write_bytes(data[: len(data) // 3])

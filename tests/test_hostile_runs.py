@@ -25,7 +25,7 @@ def one_line_exit_2(r, needle):
 
 
 def test_generate_on_a_graph_whose_vocabulary_exceeds_its_embedding(tmp_path):
-    ckpt, cfg = make_checkpoint(tmp_path / "ckpt", seed=2)  # vocabulary 61: byte prompts index past it
+    ckpt, cfg = make_checkpoint(tmp_path / "ckpt", seed=2, n_blocks=1)  # vocab 61: byte prompts index past it; 1 block: quick
     path = tmp_path / "decode.onnx"
     export_checkpoint(ckpt, path, ExportOptions(decode=True), validate=False)
     model = onnx.load(str(path))
@@ -38,7 +38,7 @@ def test_generate_on_a_graph_whose_vocabulary_exceeds_its_embedding(tmp_path):
 
 
 def test_reference_on_an_initializer_with_dims_and_no_data(tmp_path):
-    ckpt, _ = make_checkpoint(tmp_path / "ckpt", seed=2)
+    ckpt, _ = make_checkpoint(tmp_path / "ckpt", seed=2, n_blocks=1)  # 1 block: a quicker export, the same refusal
     path = tmp_path / "model.onnx"
     export_checkpoint(ckpt, path, ExportOptions(), validate=False)
     model = onnx.load(str(path))

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from compare_fixtures import faithful, faulted, scale_tap  # noqa: F401  (fixture)
+from compare_fixtures import faulted, scale_tap  # the `faithful` fixture: conftest.py
 from conftest import make_checkpoint
 from ort_ops_fixtures import ort_ops_library  # noqa: F401  (fixture)
 

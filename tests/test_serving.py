@@ -27,8 +27,7 @@ from conftest import rel_err
 from msar_export.serving.repository.triton_model import MsarOnnx, Served, plan_groups
 from msar_export.serving.repository.writer import MANIFEST, build_serving_repo, build_stock_repo, verify_repo
 from msar_export.serving.triton.client import infer_json, json_tensor
-from serving_fixtures import (REPO, generate_request, graphs, ids_of, logits_request, output, refs,  # noqa: F401
-                              run_cli, served, triton)
+from serving_fixtures import REPO, generate_request, ids_of, logits_request, output, run_cli  # fixtures: conftest.py
 
 
 def test_plan_groups_merges_only_similar_lengths():

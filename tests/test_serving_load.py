@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from conftest import make_checkpoint
-from serving_fixtures import graphs, run_cli, served, triton  # noqa: F401
+from serving_fixtures import run_cli  # the fixtures: conftest.py
 
 
+# The load generator and its negative control go to the slow tier together: each run is its own
+# .venv-triton process and seconds of load; served answers are checked against ONNX Runtime in the
+# default tier by test_served_answers_equal_onnx_runtime (and hostile requests by test_serving.py).
+@pytest.mark.slow
 def test_loadtest_http_and_grpc_zero_mismatches(served, tmp_path):
     """4 clients x 3 s on each protocol, mixed lengths, every answer checked (runs in .venv-triton)."""
     out = tmp_path / "load.json"
@@ -32,6 +37,7 @@ def test_loadtest_http_and_grpc_zero_mismatches(served, tmp_path):
     assert "req/s" in r.stdout and "p99" in r.stdout and "malformed requests:" in r.stdout
 
 
+@pytest.mark.slow  # with the comparison it guards (test_loadtest_http_and_grpc_zero_mismatches)
 def test_loadtest_judged_against_float64_and_a_faulty_checkpoint_fails(served, graphs, tmp_path):
     """--checkpoint: logits judged by the verdict model against the eager float64 run;
     the negative control is the same server judged against a checkpoint whose source-0
