@@ -8,7 +8,8 @@ from msar_export.cli import build_parser
 from msar_export.verdict import PRECISIONS
 
 REQUIRED = {"build": ["m.onnx", "-o", "m.plan"], "check": ["ck", "--onnx", "m.onnx"], "generate": ["ck"],
-            "triton-repo": ["m.onnx", "-o", "repo"], "export": ["ck", "-o", "m.onnx"], "serve": ["ck"]}
+            "triton-repo": ["m.onnx", "-o", "repo"], "export": ["ck", "-o", "m.onnx"], "serve": ["ck"],
+            "genai": ["ck", "-o", "dir"]}
 
 
 def subcommands_with(option: str) -> list[str]:
