@@ -109,6 +109,8 @@ OPSET = Kind("an opset", 1, 1000)
 MICROSECONDS = Kind("a delay in microseconds", 0, 60_000_000)
 SECONDS = Kind("seconds", 0, 7 * 24 * 3600, is_int=False, lo_open=True)
 GIB = Kind("a size in GiB", 0, 1 << 20, is_int=False, lo_open=True)
+MIB = Kind("a size in MiB", 0, 1 << 30, is_int=False, lo_open=True)
+TOKEN_ID = Kind("a token id", 0, INT32_MAX)  # checked against the vocabulary where it is used
 POSITIVE = Kind("a positive number", 0, 1e6, is_int=False, lo_open=True)  # --tol, --rtol, --temperature
 MPARAMS = Kind("millions of parameters", 0, 1e5, is_int=False)
 

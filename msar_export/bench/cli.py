@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..numbers import MPARAMS, SIZE, THREADS, machine_threads
+from ..numbers import MIB, MPARAMS, SIZE, THREADS, machine_threads
 
 
 def cmd_bench(a) -> int:
@@ -122,7 +122,7 @@ def register(sub) -> None:
                    help="--export-memory: the random checkpoint's shape (default about 320 M parameters)")
     b.add_argument("--variants", default="all", help="--export-memory: comma-separated variant labels, or all")
     b.add_argument("--memory-name", default="export_memory", help="--export-memory: JSON/PNG file name stem")
-    b.add_argument("--shard-mb", type=float, default=None, metavar="MIB",
+    b.add_argument("--shard-mb", type=MIB, default=None, metavar="MIB",
                    help="--export-memory: write the checkpoint in shards of at most this size (default: one file "
                         "up to 5 GB). The larger-than-memory row: --memory-shape 32,4096,32000 --shard-mb 2000 "
                         "--variants 'default --external-data --no-validate' --memory-name export_memory_large")

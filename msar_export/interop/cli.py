@@ -5,7 +5,7 @@ Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
 
 from __future__ import annotations
 
-from ..numbers import BATCH, COUNT, OPSET, SEED
+from ..numbers import BATCH, COUNT, OPSET, SEED, TOKEN_ID
 
 DESCRIPTION = """Run standard ONNX tools on an msar-export file without losing its msar
 functions. convert-opset: onnx.version_converter for the graph and every
@@ -143,7 +143,7 @@ def register_genai(subparsers) -> None:
     g.add_argument("-o", "--output", required=True, help="output folder (new, or one msar-export genai wrote)")
     add_dtype(g, "float32", "weight dtype of the decode graph")
     g.add_argument("--opset", type=OPSET, default=18)
-    g.add_argument("--eos-token-id", type=int, default=None,
+    g.add_argument("--eos-token-id", type=TOKEN_ID, default=None,
                    help="end token (also the pad token) GenAI stops on; default 0 (NUL) for byte-level models")
     g.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime vs eager check of the decode graph")
     add_ort_ops(g)
