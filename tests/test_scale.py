@@ -93,13 +93,14 @@ def test_cli_export_exits_1_on_failed_validation_and_keeps_the_file(tmp_path, mo
 
     real, calls = validate.reference_logits, []
 
-    def reference_then_fault(model, dtype, *a, **k):
-        # the reference from the checkpoint's weights, then the model exported faulty
-        calls.append(real(model, dtype, *a, **k))
-        model.load_state_dict(_faulty(ckpt, 2).state_dict())
+    def reference_of_a_faulty_model(model, dtype, *a, **k):
+        # The export reads its weights from the checkpoint file (weightless export), so the fault goes
+        # into the reference: the logits of the checkpoint's model with one source's taps 2% off.
+        real(model, dtype, *a, **k)  # what the exporter expects done to `model`
+        calls.append(real(_faulty(ckpt, 2), dtype, *a, **k))
         return calls[-1]
 
-    monkeypatch.setattr(validate, "reference_logits", reference_then_fault)
+    monkeypatch.setattr(validate, "reference_logits", reference_of_a_faulty_model)
     out = tmp_path / "m.onnx"
     assert cli.main(["export", str(ckpt), "-o", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
