@@ -14,14 +14,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def native_library() -> Path:
     from msar_export.kernels import cmake
-    from msar_export.kernels.ort_ops import build_library, sources_digest, stamp_path
+    from msar_export.kernels.ort_ops import build_library, stamp_path
     from msar_export.runners.ort_runner import native_library as installed
 
     lib = installed()
     if lib is not None:
         # The tests judge the kernels in plugins/, not whatever was installed before they changed.
         stamp = stamp_path().read_text().strip() if stamp_path().is_file() else "none"
-        if stamp != sources_digest(REPO / "plugins"):
+        if stamp != cmake.sources_digest(REPO / "plugins"):
             pytest.fail(f"{lib} was not built from plugins/ as it is now (re-run scripts/setup_env.sh)")
         return lib
     why = cmake.tools_unavailable()

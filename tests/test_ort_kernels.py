@@ -136,16 +136,16 @@ def test_bad_shapes_are_one_clear_error(ort_ops_library):
 
 def test_a_changed_kernel_source_makes_the_installed_library_stale(tmp_path):
     """The stamp the fixture checks (ort_ops_fixtures.native_library) tells the sources apart: an
-    identical copy of plugins/ has the same digest, one changed byte in a kernel another."""
+    identical copy of plugins/ elsewhere has the same digest, one changed byte in a kernel another."""
     import shutil
 
     from ort_ops_fixtures import REPO
 
-    from msar_export.kernels.ort_ops import sources_digest
+    from msar_export.kernels.cmake import sources_digest
 
-    shutil.copytree(REPO / "plugins" / "msarOrtOps", tmp_path / "msarOrtOps")
-    shutil.copy(REPO / "plugins" / "CMakeLists.txt", tmp_path / "CMakeLists.txt")
-    assert sources_digest(tmp_path) == sources_digest(REPO / "plugins")
-    kernel = tmp_path / "msarOrtOps" / "cpuFusedMixer.cpp"
+    copy = tmp_path / "plugins"
+    shutil.copytree(REPO / "plugins", copy)
+    assert sources_digest(copy) == sources_digest(REPO / "plugins")
+    kernel = copy / "msarOrtOps" / "cpuFusedMixer.cpp"
     kernel.write_text(kernel.read_text().replace("kTile = 32", "kTile = 16"))
-    assert sources_digest(tmp_path) != sources_digest(REPO / "plugins")
+    assert sources_digest(copy) != sources_digest(REPO / "plugins")

@@ -50,12 +50,24 @@ def tools_unavailable() -> str | None:
     return None
 
 
+def _hash_sources(h, sources: Path) -> None:
+    for path in sorted(p for p in sources.rglob("*") if p.suffix in _SOURCE_SUFFIXES and p.is_file()):
+        h.update(str(path.relative_to(sources)).encode() + b"\0" + path.read_bytes() + b"\0")
+
+
+def sources_digest(sources: Path) -> str:
+    """sha256 of every source file under `sources` (names and bytes, not where the folder is): what
+    a library was built from, so one built from other sources can be told apart."""
+    h = hashlib.sha256()
+    _hash_sources(h, Path(sources))
+    return h.hexdigest()
+
+
 def _tree_hash(sources: Path, options: dict[str, str]) -> str:
     # The folder too: a CMake build folder belongs to one source folder (CMakeCache.txt
     # records it), so two checkouts with equal sources must not share one.
     h = hashlib.sha256(str(sources.resolve()).encode() + b"\0")
-    for path in sorted(p for p in sources.rglob("*") if p.suffix in _SOURCE_SUFFIXES and p.is_file()):
-        h.update(str(path.relative_to(sources)).encode() + b"\0" + path.read_bytes() + b"\0")
+    _hash_sources(h, sources)
     for key in sorted(options):
         h.update(f"{key}={options[key]}\0".encode())
     return h.hexdigest()[:16]

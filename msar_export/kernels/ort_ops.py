@@ -11,12 +11,12 @@ it ONNX Runtime runs the msar function bodies.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import sys
 from pathlib import Path
 
+from ..fileio import atomic_write_text
 from . import cmake
 
 TARGET = "msar_ort_ops"
@@ -36,16 +36,6 @@ def install_path() -> Path:
     return Path(ort_runner.__file__).with_name(ort_runner.NATIVE_LIBRARY)
 
 
-def sources_digest(sources: Path) -> str:
-    """sha256 over the kernel sources under `sources` (the plugins/ folder) and the CMake project:
-    what the installed library was built from, so a stale one can be told apart."""
-    h = hashlib.sha256()
-    for f in sorted([*(sources / "msarOrtOps").iterdir(), sources / "CMakeLists.txt"]):
-        if f.is_file():
-            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def stamp_path() -> Path:
     return install_path().with_name(install_path().name + ".sources")
 
@@ -58,7 +48,7 @@ def install(library: Path, sources: Path | None = None) -> Path:
     shutil.copyfile(library, tmp)
     os.replace(tmp, dest)
     if sources is not None:
-        stamp_path().write_text(sources_digest(Path(sources)) + "\n")
+        atomic_write_text(stamp_path(), cmake.sources_digest(sources) + "\n")
     return dest
 
 
@@ -76,7 +66,8 @@ def main(argv=None) -> int:
     why = cmake.tools_unavailable()
     if why is None:
         try:
-            print(f"native msar kernels for ONNX Runtime: {install(build_library(a.sources, a.headers), a.sources)}")
+            sources = cmake.plugin_sources(a.sources)
+            print(f"native msar kernels for ONNX Runtime: {install(build_library(sources, a.headers), sources)}")
             return 0
         except (cmake.BuildError, OSError) as e:
             why = str(e).strip().splitlines()[0]
