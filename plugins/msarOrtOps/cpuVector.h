@@ -119,13 +119,6 @@ inline void storeRow(void* dst, int64_t offset, float const* src, int64_t count,
     }
 }
 
-} // namespace msar::cpu
-
-
-
-namespace msar::cpu
-{
-
 //! q . v and v . v over `dp` padded channels.
 inline void dotAndSquares(float const* q, float const* v, int64_t dp, float& dot, float& squares)
 {
