@@ -257,9 +257,9 @@ class ExportedGraph:
         """Whether the weights live (also) in files beside the model (> 2 GB exports)."""
         return bool(self.external_files)
 
-    def model_bytes(self, extra_outputs=(), drop_function_domain: str | None = None) -> bytes:
+    def model_bytes(self, extra_outputs=(), drop_functions=frozenset()) -> bytes:
         """The parsed model serialised again, with `extra_outputs` marked as graph outputs, the
-        model-local functions of `drop_function_domain` left out, and small tensors kept in
+        model-local functions named in `drop_functions` ((domain, name) pairs) left out, and small tensors kept in
         external files read in (ONNX Runtime's shape inference reads constants only from the
         model itself when it gets bytes); the parsed model itself is left as it was.  Large
         weights keep their references (to the model file itself, for a skeleton): load the
@@ -270,9 +270,9 @@ class ExportedGraph:
         n_out, kept_functions = len(graph.output), list(proto.functions)
         have = {o.name for o in graph.output}
         graph.output.extend(onnx.ValueInfoProto(name=n) for n in extra_outputs if n not in have)
-        if drop_function_domain is not None:
+        if drop_functions:
             del proto.functions[:]
-            proto.functions.extend(f for f in kept_functions if f.domain != drop_function_domain)
+            proto.functions.extend(f for f in kept_functions if (f.domain, f.name) not in drop_functions)
         inlined = self._inline_small_external()
         try:
             return proto.SerializeToString()

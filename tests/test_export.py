@@ -149,7 +149,11 @@ def test_custom_nodes_carry_plugin_attributes_and_function_bodies(ckpts, exporte
     m, nodes = _msar_nodes(exported(ckpt, variant))
     cfg = load_cfg(ckpts[ckpt])
     L = 2 * cfg["n_blocks"]
+    views = [n for n in nodes if n.op_type == "SourceViews"]
+    nodes = [n for n in nodes if n.op_type != "SourceViews"]
     assert [n.op_type for n in nodes] == [op] * (L + 1)
+    # msar's retrieval graphs expand each source once, with its own taps; the others never
+    assert len(views) == (L + 1 if op == "DepthRetrieval" and ckpt == "msar" else 0)
     contract = CONTRACTS[op]
     model_opset = {o.domain: o.version for o in m.opset_import}
     assert model_opset[DOMAIN] == 1
@@ -162,6 +166,11 @@ def test_custom_nodes_carry_plugin_attributes_and_function_bodies(ckpts, exporte
         fn = functions[(DOMAIN, op, node.overload)]
         assert all(n.domain in ("", "ai.onnx") for n in fn.node), "function body must be standard ONNX"
         assert {o.domain: o.version for o in fn.opset_import}[""] == model_opset[""]
+    inits = {t.name for t in m.graph.initializer}
+    for i, node in enumerate(views):
+        assert node.overload == "n0" and (DOMAIN, "SourceViews", "n0") in functions
+        assert node.input[0] == f"conv_taps_{i}" and node.input[0] in inits
+        assert [a.name for a in node.attribute] == ["stream_kernels"]
 
 
 def test_decomposed_file_has_no_custom_nodes(exported):

@@ -12,7 +12,7 @@ import torch
 from ort_ops_fixtures import ort_ops_library  # noqa: F401  (fixture)
 
 from msar_export import kernels as K
-from msar_export.bench.mixer import depth_retrieval_model, fused_mixer_model
+from msar_export.bench.mixer import depth_retrieval_model, fused_mixer_model, source_views_model
 from msar_export.runners.ort_runner import open_session
 from msar_export.verdict import rel_err
 
@@ -123,6 +123,43 @@ def test_depth_retrieval_matches_float64(ort_ops_library, case, precision):
     assert rel_err(native, scaled) > 5 * BOUND[precision]
 
 
+VIEWS_CASES = [  # (kernels, B, T, d)
+    ([1, 4, 8, 12], 1, 1, 40),      # a decode step: one token after kmax-1 rows of state
+    ([1, 4, 8, 12], 2, 37, 37),     # d not a multiple of the vector width; a tile that does not divide T
+    ([1, 3, 5], 3, 70, 130),        # three tiles of tokens, d past one vector row
+    ([1, 2, 3, 4, 5, 6, 7, 8], 1, 5, 16),  # eight streams, fewer tokens than the longest kernel
+    ([1, 17, 5], 1, 9, 24),         # a kernel longer than the rest
+]
+
+
+def run_views(taps, window, kernels, precision, ort_ops):
+    _, nptype = DTYPES[precision]
+    model = source_views_model(window.shape[-1], kernels, dtype=DTYPES[precision][0])
+    feeds = {"conv_weight": taps.numpy().astype(nptype), "window": window.numpy().astype(nptype)}
+    return session(model, ort_ops).run(["views"], feeds)[0]
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("case", VIEWS_CASES, ids=lambda c: "k{}-B{}T{}d{}".format(len(c[0]), *c[1:]))
+def test_source_views_match_float64(ort_ops_library, case, precision):
+    kernels, B, T, d = case
+    g = torch.Generator().manual_seed(T + d)
+    taps = 0.5 * torch.randn(sum(kernels[1:]), d, generator=g)
+    window = torch.randn(B, max(kernels) - 1 + T, d, generator=g)  # history rows are real values, not zeros
+    t = getattr(torch, precision)
+    ref = K.reference_source_views64(taps.to(t), window.to(t), kernels).numpy()
+    native = run_views(taps, window, kernels, precision, ort_ops_library)
+    function = run_views(taps, window, kernels, precision, "function")
+    assert native.dtype == np.dtype(precision) and native.shape == (B, T, len(kernels), d)
+    assert rel_err(native, ref) <= BOUND[precision], rel_err(native, ref)
+    assert rel_err(function, ref) <= BOUND[precision], rel_err(function, ref)
+    # negative controls: 2% on the taps, and the window read one row late
+    off = K.reference_source_views64((taps * 1.02).to(t), window.to(t), kernels).numpy()
+    assert rel_err(native, off) > 5 * BOUND[precision], rel_err(native, off)
+    late = torch.cat([window[:, :1], window[:, :-1]], dim=1)
+    assert rel_err(native, K.reference_source_views64(taps.to(t), late.to(t), kernels).numpy()) > 1e-2
+
+
 def test_bad_shapes_are_one_clear_error(ort_ops_library):
     """A node fed sources of different shapes fails with the op's own message, not a crash."""
     model = fused_mixer_model(2, 16, kernels=[1, 3])
@@ -132,6 +169,9 @@ def test_bad_shapes_are_one_clear_error(ort_ops_library):
     feeds.update(x0=inp["sources"][0].numpy(), x1=np.zeros((1, 5, 16), np.float32))
     with pytest.raises(Exception, match="msar::FusedMixer: source 1 is"):
         s.run(["h"], feeds)
+    views = session(source_views_model(16, [1, 3, 5]), ort_ops_library)
+    with pytest.raises(Exception, match=r"msar::SourceViews: window must be \[B, kmax-1\+T, d\] with kmax = 5"):
+        views.run(["views"], {"conv_weight": np.zeros((8, 16), np.float32), "window": np.zeros((1, 3, 16), np.float32)})
 
 
 def test_a_changed_kernel_source_makes_the_installed_library_stale(tmp_path):

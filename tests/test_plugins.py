@@ -21,7 +21,7 @@ from plugin_build import PLUGINS, cmake_build, emulation, run_cpp_test, trt_head
 
 from msar_export import kernels as K
 from msar_export.export.contract_headers import render_headers
-from msar_export.export.contracts import CONTRACTS, DEPTH_RETRIEVAL, FUSED_MIXER, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from msar_export.export.contracts import DEPTH_RETRIEVAL, FUSED_MIXER, PLUGIN_CONTRACTS, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
 REPO = PLUGINS.parent
 README = {"FusedMixer": PLUGINS / "msarFusedMixerPlugin" / "README.md",
@@ -142,9 +142,9 @@ def readme_tables(path: Path) -> dict[str, list[list[str]]]:
     return tables
 
 
-@pytest.mark.parametrize("op", sorted(CONTRACTS))
+@pytest.mark.parametrize("op", sorted(PLUGIN_CONTRACTS))
 def test_readme_tables_match_contract(op):
-    contract, tables = CONTRACTS[op], readme_tables(README[op])
+    contract, tables = PLUGIN_CONTRACTS[op], readme_tables(README[op])
     assert tables["Inputs"] == [[p.name, p.shape, p.dtype, "yes" if p.variadic else "no", p.doc]
                                 for p in contract.inputs]
     assert tables["Outputs"] == [[p.name, p.shape, p.dtype, p.doc] for p in contract.outputs]

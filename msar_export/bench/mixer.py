@@ -9,9 +9,9 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from ..export.contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER
+from ..export.contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS
 from ..export.custom_paths import pack_conv_rows
-from ..export.functions import depth_retrieval_function, fused_mixer_function, ir_attributes
+from ..export.functions import depth_retrieval_function, fused_mixer_function, ir_attributes, source_views_function
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
 from ..verdict import rel_err
@@ -50,6 +50,14 @@ def depth_retrieval_model(n: int, m: int, d: int, eps: float = 1e-6, opset: int 
     values = DEPTH_RETRIEVAL.attribute_values(eps=eps)
     return _one_node_model(DEPTH_RETRIEVAL, n, {"query": [m, d]}, ["B", "T", m, d], values,
                            depth_retrieval_function(n, values, opset), dtype, opset)
+
+
+def source_views_model(d: int, kernels=KERNELS, opset: int = 18, dtype=ir.DataType.FLOAT) -> ir.Model:
+    """A graph of one msar::SourceViews node (inputs conv_weight, window; output views)."""
+    values = SOURCE_VIEWS.attribute_values(stream_kernels=kernels)
+    fixed = {"conv_weight": [sum(kernels[1:]), d], "window": ["B", "L", d]}
+    return _one_node_model(SOURCE_VIEWS, 0, fixed, ["B", "T", len(kernels), d], values,
+                           source_views_function(values, d, opset), dtype, opset)
 
 
 def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), threads: int = 2,

@@ -1,7 +1,7 @@
 """What the engine builder needs to know about an exported ONNX file: inputs
 and their symbolic dims, graph kind, precision, the msar custom nodes - and
-the model bytes the TensorRT parser gets, with the msar function bodies taken
-out so every msar node reaches its plugin.
+the model bytes the TensorRT parser gets, with the plugin ops' function bodies
+taken out so every such node reaches its plugin.
 
 Why strip the bodies: the TensorRT ONNX parser imports a node whose op_type
 matches a model-local function *as that function* (onnx-tensorrt
@@ -10,6 +10,10 @@ local functions by name only, while the exporter registers one overload per
 source count (`n1`, `n2`, ...) under the same name. Without the bodies the
 parser falls back to the plugin registry (name = op_type, plugin_version,
 plugin_namespace attributes), which is what `--plugins` asks for.
+
+An op without a plugin (contracts.OpContract.plugin False: SourceViews) has one
+fixed-arity body per file, so it keeps it and the parser imports it as standard
+layers.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from ..config import LIMITS
 from ..errors import OnnxModelError
-from ..export.contracts import DOMAIN
+from ..export.contracts import CONTRACTS, DOMAIN
 from ..graph_file import ExportedGraph
 from ..graph_spec import META_CONFIG
 from ..numbers import integer
@@ -34,8 +38,8 @@ class OnnxInfo:
     graph: str  # "prefill" | "decode" (msar.graph metadata; "prefill" if absent)
     dtype: str | None  # msar.dtype metadata
     max_seq_len: int
-    custom_ops: dict[str, int] = field(default_factory=dict)  # op_type -> count (main graph)
-    parser_bytes: bytes = b""  # the model for the TensorRT parser (msar function bodies removed)
+    custom_ops: dict[str, int] = field(default_factory=dict)  # plugin op_type -> count (main graph)
+    parser_bytes: bytes = b""  # the model for the TensorRT parser (plugin ops' function bodies removed)
 
 
 def read_onnx(path: str | os.PathLike) -> OnnxInfo:
@@ -63,5 +67,9 @@ def read_onnx(path: str | os.PathLike) -> OnnxInfo:
                 raise OnnxModelError(f"input {v.name!r} has an unnamed dynamic dimension (axis {i}); "
                                      "re-export the model with msar-export")
         inputs.append((v.name, dims))
+    # Plugin ops lose their bodies; a plugin-less op (SourceViews) keeps its one body, which the
+    # parser imports as standard layers.
+    plugin_ops = {op: n for op, n in graph.custom_ops.items() if op not in CONTRACTS or CONTRACTS[op].plugin}
+    drop = {(DOMAIN, op) for op in CONTRACTS if CONTRACTS[op].plugin}
     return OnnxInfo(path=graph.path, inputs=inputs, graph=graph.kind, dtype=graph.precision, max_seq_len=max_seq_len,
-                    custom_ops=graph.custom_ops, parser_bytes=graph.model_bytes(drop_function_domain=DOMAIN))
+                    custom_ops=plugin_ops, parser_bytes=graph.model_bytes(drop_functions=drop))

@@ -54,6 +54,9 @@ class OpContract:
     inputs: tuple[Port, ...]
     outputs: tuple[Port, ...]
     attributes: tuple[Attr, ...]
+    # A TensorRT plugin implements it. False: its function body has one overload per file, which
+    # TensorRT's parser imports as standard layers (engines/onnx_info.py keeps that body).
+    plugin: bool = True
 
     def overload(self, n_sources: int) -> str:
         """Function overload for a given number of sources: ONNX functions have a
@@ -139,7 +142,31 @@ DEPTH_RETRIEVAL = OpContract(
     attributes=(EPS,) + COMMON_ATTRS,
 )
 
-CONTRACTS = {c.name: c for c in (FUSED_MIXER, DEPTH_RETRIEVAL)}
+SOURCE_VIEWS = OpContract(
+    name="SourceViews",
+    doc=(
+        "The m views of one source (MSAR_SPEC 1.1): the source itself and one causal depthwise "
+        "convolution per stream r >= 1, over a window whose first kmax-1 rows are the positions "
+        "before the source's tokens (the convolution state when decoding, zeros at a sequence "
+        "start). Float32 inside, rounded once to T."
+    ),
+    inputs=(
+        Port("conv_weight", "[K, d]", "T",
+             "this source's taps, one row of FusedMixer's conv_weight: conv_weight[o_r + j, c] is tap j "
+             "of stream r for channel c (Conv1d order: tap j multiplies token t-(k_r-1-j))"),
+        Port("window", "[B, kmax-1+T, d]", "T", "kmax-1 rows of history, then the source's T tokens"),
+    ),
+    outputs=(Port("views", "[B, T, m, d]", "T",
+                  "views[:, :, 0] = the source's tokens, views[:, :, r] = stream r's convolution"),),
+    attributes=(
+        Attr("stream_kernels", "INTS", None, "kernel size per stream, first is 1 (identity)", config="stream_kernels",
+             count="n_streams"),
+    ),
+    plugin=False,
+)
+
+CONTRACTS = {c.name: c for c in (FUSED_MIXER, DEPTH_RETRIEVAL, SOURCE_VIEWS)}
+PLUGIN_CONTRACTS = {name: c for name, c in CONTRACTS.items() if c.plugin}
 
 
 def render_markdown() -> str:

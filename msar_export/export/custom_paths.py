@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from ..model.layers import f32
 from ..model.lm import DepthPath, EagerDepthPath
-from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER
+from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS
+
+CONV_TAPS = "conv_taps_"  # graphs.py: source i's SourceViews taps are the buffer conv_taps_{i}
 
 
 def pack_conv_rows(convs_per_source) -> torch.Tensor:
@@ -20,15 +23,28 @@ def pack_conv_rows(convs_per_source) -> torch.Tensor:
     return torch.stack([torch.cat([c.weight[:, 0, :] for c in convs], dim=1).t() for convs in convs_per_source])
 
 
+def conv_taps_name(i: int) -> str:
+    return f"{CONV_TAPS}{i}"
+
+
 def pack_conv_weights(model) -> torch.Tensor:
     """(L+1, K, d): the conv bank of every source of `model` (pack_conv_rows)."""
     return pack_conv_rows(model.sources[str(i)].conv.values() for i in range(model.cfg.n_sublayers + 1))
 
 
+def source_views_op(conv_taps: torch.Tensor, window: torch.Tensor, cfg) -> torch.Tensor:
+    """(B, kmax-1+T, d) window -> (B, T, m, d) views in the window's dtype (one SourceViews node)."""
+    B, L, d = window.shape
+    shape = (B, L - (cfg.kmax - 1), len(cfg.stream_kernels), d)
+    return torch.onnx.ops.symbolic(
+        f"{DOMAIN}::{SOURCE_VIEWS.name}", [conv_taps, window], SOURCE_VIEWS.attribute_values(cfg),
+        dtype=window.dtype, shape=shape, version=DOMAIN_VERSION,
+    )
+
+
 def depth_retrieval_op(query: torch.Tensor, views: list[torch.Tensor], cfg) -> torch.Tensor:
-    # One type for every input (the op's type variable T, and the plugin's rule):
-    # the views are float32 whatever the export dtype (model/mixing.py), so the
-    # query goes in as float32 too, as the eager mixer computes it.
+    # One type for every input (the op's type variable T, and the plugin's rule): the query is
+    # cast to the views' type.
     query = query.to(views[0].dtype)
     return torch.onnx.ops.symbolic(
         f"{DOMAIN}::{DEPTH_RETRIEVAL.name}", [query, *views], DEPTH_RETRIEVAL.attribute_values(cfg),
@@ -58,15 +74,30 @@ class FusedMixerPath(DepthPath):
 
 
 class RetrievalOpPath(EagerDepthPath):
-    """attnres (prefill and decode) and msar decode: views are expanded once per
-    source with standard ops (from the conv state when decoding), each mixer is
-    a DepthRetrieval node, and msar's scalar gate fusion stays standard ops."""
+    """attnres (prefill and decode), msar decode and msar `--mixer-op retrieval`: each source
+    is expanded once (msar: one SourceViews node over its window, from the conv state when
+    decoding), each mixer is a DepthRetrieval node, and msar's scalar gate fusion stays
+    standard ops.  msar's views are in the model's dtype (docs/kernels.md, view dtype)."""
 
     conv_op = True
+
+    def __init__(self, model, history, source_mask, conv_taps=None):
+        super().__init__(model, history, source_mask)
+        self.conv_taps = conv_taps  # [K, d] per source (graphs.py), None: no conv streams
+
+    def expand(self, i, x):
+        if self.conv_taps is None:
+            return super().expand(i, x)
+        x = self.masked(x)
+        keep = self.model.cfg.kmax - 1
+        hist = self.history[i] if self.history is not None else x.new_zeros(x.shape[0], keep, x.shape[2])
+        window = torch.cat([hist[:, hist.shape[1] - keep:].to(x.dtype), x], dim=1)
+        self.conv_states.append(window[:, window.shape[1] - keep:])
+        return source_views_op(self.conv_taps[i], window, self.model.cfg)
 
     def add_source(self, i, x):
         self.views.append(self.expand(i, x))  # no keys: the op normalises them itself
 
     def mix(self, l):
         mixer, cfg = self.model.mixers[str(l)], self.model.cfg
-        return mixer.fuse(depth_retrieval_op(mixer.query, self.views, cfg))
+        return mixer.fuse(f32(depth_retrieval_op(mixer.query, self.views, cfg)))

@@ -3,7 +3,7 @@ ONNX Runtime runs a file that holds `msar::*` nodes unchanged.
 
 Bodies are generated per number of sources (the op is variadic, an ONNX
 function's input list is not) and registered as overloads `n{count}` of one
-function name.  Everything runs in float32 and is cast back to the input type.
+function name (SourceViews, not variadic: one overload, `n0`).  Everything runs in float32 and is cast back to the input type.
 
 A body has the same nodes whatever the number of sources n: the n variadic
 inputs enter one Concat and everything after it works on the stacked tensor.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnx_ir.tape import Tape
 
-from .contracts import DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, OpContract
+from .contracts import DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, SOURCE_VIEWS, OpContract
 
 FLOAT = ir.DataType.FLOAT
 _IR_TYPES = {"INTS": ir.AttributeType.INTS, "INT": ir.AttributeType.INT, "FLOAT": ir.AttributeType.FLOAT,
@@ -132,9 +132,40 @@ def fused_mixer_function(n: int, values: dict, d: int, opset: int) -> ir.Functio
     return _function(FUSED_MIXER, n, ins, [out], b, values, opset)
 
 
+def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
+    """window (B, kmax-1+T, d) channels first as (B, d, 1, kmax-1+T); stream r is one depthwise 2-D
+    Conv (height 1: ONNX Runtime's depthwise path, model/mixing.py _merged_conv) over the last
+    k_r-1+T positions; the identity is the last T; stacked (B, m, d, T) and transposed to (B, T, m, d).
+    One body per file (width and kernels are the model's), so TensorRT's parser can import it
+    as standard layers."""
+    ins = _inputs(["conv_weight", "window"])
+    taps_in, window_in = ins
+    b = _Body()
+    kernels = values["stream_kernels"]
+    kmax = max(kernels)
+    taps = b.Transpose(b.Cast(taps_in, to=FLOAT), perm=[1, 0])  # (d, K)
+    planes = b.Unsqueeze(b.Transpose(b.Cast(window_in, to=FLOAT), perm=[0, 2, 1]), b.ints([2]))  # (B, d, 1, L)
+    end = b.ints([2**62])
+
+    def last(k):  # the window's last k-1+T positions
+        return b.Slice(planes, b.ints([kmax - k]), end, b.ints([3]))
+
+    ys, offset = [b.Unsqueeze(last(1), b.ints([1]))], 0  # (B, 1, d, 1, T)
+    for k in kernels[1:]:
+        w = b.Reshape(b.Slice(taps, b.ints([offset]), b.ints([offset + k]), b.ints([1])), b.ints([d, 1, 1, k]))
+        ys.append(b.Unsqueeze(b.Conv(last(k), w, group=d, kernel_shape=[1, k]), b.ints([1])))
+        offset += k
+    stacked = b.Squeeze(b.Concat(*ys, axis=1), b.ints([3]))  # (B, m, d, T)
+    out = b.CastLike(b.Transpose(stacked, perm=[0, 3, 1, 2]), window_in)
+    out.name = "views"
+    return _function(SOURCE_VIEWS, 0, ins, [out], b, values, opset)
+
+
 def function_body(contract: OpContract, n: int, cfg, opset: int) -> ir.Function:
     """The body of `contract`'s overload for n sources, its attribute defaults taken from the model config."""
     values = contract.attribute_values(cfg)
     if contract is FUSED_MIXER:
         return fused_mixer_function(n, values, cfg.d_model, opset)
+    if contract is SOURCE_VIEWS:
+        return source_views_function(values, cfg.d_model, opset)
     return depth_retrieval_function(n, values, opset)

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from ..model.lm import DecodeCache
-from .custom_paths import FusedMixerPath, RetrievalOpPath, pack_conv_weights
+from .custom_paths import FusedMixerPath, RetrievalOpPath, conv_taps_name, pack_conv_rows, pack_conv_weights
 
 
 class _Graph(nn.Module):
@@ -21,12 +21,22 @@ class _Graph(nn.Module):
         if self.custom_ops and fused and model.cfg.residual == "msar":
             # One initializer shared by every FusedMixer node; each reads its first n rows.
             self.register_buffer("conv_bank", pack_conv_weights(model).detach().clone())
+        self.n_taps = 0
+        if self.custom_ops and model.cfg.residual == "msar" and model.cfg.conv_kernels:
+            # One [K, d] initializer per source for its SourceViews node (decode, --mixer-op retrieval).
+            for i in range(model.cfg.n_sublayers + 1):
+                rows = pack_conv_rows([model.sources[str(i)].conv.values()])[0]
+                self.register_buffer(conv_taps_name(i), rows.detach().clone())
+            self.n_taps = model.cfg.n_sublayers + 1
 
     def path_cls(self, prefill: bool):
         if not self.custom_ops:
             return None
         if prefill and self.fused and self.model.cfg.residual == "msar":
             return functools.partial(FusedMixerPath, conv_bank=self.conv_bank)
+        if self.n_taps:
+            taps = [getattr(self, conv_taps_name(i)) for i in range(self.n_taps)]
+            return functools.partial(RetrievalOpPath, conv_taps=taps)
         return RetrievalOpPath
 
 

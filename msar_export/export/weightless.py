@@ -63,22 +63,33 @@ class LazyWeights:
         self.loads += 1
         return checked_values(name, self.files.read(name), self.dtype)
 
+    def source_convs(self, i: int) -> list:
+        return [SimpleNamespace(weight=self.read(f"sources.{i}.conv.{r}.weight"))
+                for r in range(1, len(self.cfg.conv_kernels) + 1)]
+
     def conv_bank(self) -> torch.Tensor:
         from .custom_paths import pack_conv_rows
 
-        cfg = self.cfg
-        convs = ([SimpleNamespace(weight=self.read(f"sources.{i}.conv.{r}.weight"))
-                  for r in range(1, len(cfg.conv_kernels) + 1)] for i in range(cfg.n_sublayers + 1))
-        return pack_conv_rows(convs)
+        return pack_conv_rows(self.source_convs(i) for i in range(self.cfg.n_sublayers + 1))
+
+    def conv_taps(self, i: int) -> torch.Tensor:
+        from .custom_paths import pack_conv_rows
+
+        return pack_conv_rows([self.source_convs(i)])[0]
 
     def loader(self, value_name: str, tensor_name: str):
+        from .custom_paths import CONV_TAPS
+
         if value_name == CONV_BANK:
             return lambda: _ir_tensor(self.conv_bank(), tensor_name)
+        if value_name.startswith(CONV_TAPS) and value_name[len(CONV_TAPS):].isdigit():
+            i = int(value_name[len(CONV_TAPS):])
+            return lambda: _ir_tensor(self.conv_taps(i), tensor_name)
         if value_name.startswith(PARAM_PREFIX) and value_name[len(PARAM_PREFIX):] in self.files.entries:
             key = value_name[len(PARAM_PREFIX):]
             return lambda: _ir_tensor(self.read(key), tensor_name)
         raise RuntimeError(f"initializer {value_name!r} of a weightless trace is neither a checkpoint tensor "
-                           "nor the conv bank; the exporter does not know where its values come from")
+                           "nor a conv bank; the exporter does not know where its values come from")
 
     def attach(self, model: ir.Model) -> int:
         """Replace every fake initializer of `model` (straight from torch.onnx) by a LazyTensor.

@@ -41,3 +41,16 @@ def reference_depth_retrieval64(query, views, eps):
     keys = V / torch.sqrt((V * V).mean(-1, keepdim=True) + eps)
     alpha = torch.softmax((keys * query.double()).sum(-1), dim=0)
     return (alpha.unsqueeze(-1) * V).sum(0)
+
+
+def reference_source_views64(conv_weight, window, stream_kernels):
+    """SourceViews in float64: window (B, kmax-1+T, d), taps conv_weight (K, d) -> views (B, T, m, d)."""
+    window, conv_weight = window.double(), conv_weight.double()
+    kmax = max(stream_kernels)
+    T = window.shape[1] - (kmax - 1)
+    streams, off = [window[:, kmax - 1:]], 0
+    for k in stream_kernels[1:]:
+        x = window[:, kmax - k:]  # the last k-1 positions of history, then the tokens
+        streams.append(sum(x[:, j:j + T] * conv_weight[off + j] for j in range(k)))  # tap j: token t-(k-1-j)
+        off += k
+    return torch.stack(streams, dim=2)

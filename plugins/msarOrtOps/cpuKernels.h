@@ -60,7 +60,19 @@ struct DepthRetrievalProblem
     void* z;                         // [B, T, m, d]
 };
 
+//! SourceViews (export/contracts.py): the m views of one source from its window.
+struct SourceViewsProblem
+{
+    Storage storage;
+    int64_t B, T, d;               // T: tokens out; the window has kmax-1+T rows
+    std::vector<int32_t> kernels;  // stream_kernels, first is 1
+    void const* conv_weight;       // [K, d]
+    void const* window;            // [B, kmax-1+T, d]
+    void* views;                   // [B, T, m, d]
+};
+
 void fusedMixer(FusedMixerProblem const& p, Parallel const& parallel);
+void sourceViews(SourceViewsProblem const& p, Parallel const& parallel);
 void depthRetrieval(DepthRetrievalProblem const& p, Parallel const& parallel);
 
 } // namespace msar::cpu

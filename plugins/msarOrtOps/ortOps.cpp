@@ -1,6 +1,6 @@
 /*
- * ONNX Runtime custom-op library for the msar ops: FusedMixer and
- * DepthRetrieval (export/contracts.py, generated common/msarOpContracts.h),
+ * ONNX Runtime custom-op library for the msar ops: FusedMixer, DepthRetrieval
+ * and SourceViews (export/contracts.py, generated common/msarOpContracts.h),
  * float32, float16 and bfloat16 storage (float32 inside), on the CPU execution provider.
  *
  *   so.register_custom_ops_library("libmsar_ort_ops.so")
@@ -20,6 +20,7 @@
 #include "cpuKernels.h"
 #include "msarOpContracts.h"
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -109,6 +110,7 @@ struct FusedMixerKernel
 {
     static constexpr char const* kName = msar::kFusedMixerName;
     static constexpr std::size_t kFixed = msar::kFusedMixerFixedInputs;
+    static constexpr bool kVariadic = true;
 
     FusedMixerKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
@@ -174,6 +176,7 @@ struct DepthRetrievalKernel
 {
     static constexpr char const* kName = msar::kDepthRetrievalName;
     static constexpr std::size_t kFixed = msar::kDepthRetrievalFixedInputs;
+    static constexpr bool kVariadic = true;
 
     DepthRetrievalKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
@@ -208,6 +211,50 @@ struct DepthRetrievalKernel
 
     Storage mStorage;
     float mEps;
+};
+
+struct SourceViewsKernel
+{
+    static constexpr char const* kName = msar::kSourceViewsName;
+    static constexpr std::size_t kFixed = msar::kSourceViewsFixedInputs;
+    static constexpr bool kVariadic = false;
+
+    SourceViewsKernel(OrtApi const&, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
+    {
+        Ort::ConstKernelInfo ki(info);
+        for (int64_t k : ki.GetAttributes<int64_t>("stream_kernels"))
+        {
+            mKernels.push_back(static_cast<int32_t>(k));
+        }
+    }
+
+    void compute(Ort::KernelContext& ctx) const
+    {
+        char const* op = kName;
+        Input cw = input(ctx, 0), w = input(ctx, 1);
+        int64_t K = 0, kmax = 1;
+        for (std::size_t r = 1; r < mKernels.size(); ++r)
+        {
+            K += mKernels[r];
+            kmax = std::max<int64_t>(kmax, mKernels[r]);
+        }
+        expect(w.shape.size() == 3 && w.shape[1] >= kmax - 1, op, [&] {
+            return "window must be [B, kmax-1+T, d] with kmax = " + std::to_string(kmax) + ", got " + shapeText(w.shape);
+        });
+        int64_t const B = w.shape[0], T = w.shape[1] - (kmax - 1), d = w.shape[2];
+        expect(cw.shape == Shape{K, d}, op,
+               [&] { return "conv_weight must be [K, d] = " + shapeText({K, d}) + ", got " + shapeText(cw.shape); });
+        auto const m = static_cast<int64_t>(mKernels.size());
+        msar::cpu::SourceViewsProblem p{mStorage, B, T, d, mKernels, cw.data, w.data, nullptr};
+        p.views = ctx.GetOutput(0, Shape{B, T, m, d}).GetTensorMutableRawData();
+        if (B * T * d > 0)
+        {
+            msar::cpu::sourceViews(p, OrtParallel(ctx));
+        }
+    }
+
+    Storage mStorage;
+    std::vector<int32_t> mKernels;
 };
 
 template <typename Kernel>
@@ -255,11 +302,11 @@ struct Op : Ort::CustomOpBase<Op<Kernel>, Wrapped<Kernel>, true>
     }
 
     char const* GetName() const { return Kernel::kName; }
-    std::size_t GetInputTypeCount() const { return Kernel::kFixed + 1; }
+    std::size_t GetInputTypeCount() const { return Kernel::kFixed + (Kernel::kVariadic ? 1 : 0); }
     ONNXTensorElementDataType GetInputType(std::size_t) const { return mType; }
     OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(std::size_t i) const
     {
-        return i == Kernel::kFixed ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
+        return Kernel::kVariadic && i == Kernel::kFixed ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
     }
     std::size_t GetOutputTypeCount() const { return 1; }
     ONNXTensorElementDataType GetOutputType(std::size_t) const { return mType; }
@@ -275,6 +322,9 @@ Op<FusedMixerKernel> const gFusedMixer[] = {Op<FusedMixerKernel>{ONNX_TENSOR_ELE
 Op<DepthRetrievalKernel> const gRetrieval[] = {Op<DepthRetrievalKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
                                                Op<DepthRetrievalKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
                                                Op<DepthRetrievalKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
+Op<SourceViewsKernel> const gViews[] = {Op<SourceViewsKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+                                         Op<SourceViewsKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
+                                         Op<SourceViewsKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
 std::mutex gDomainsLock;
 std::vector<Ort::CustomOpDomain> gDomains;
 
@@ -297,6 +347,10 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
             domain.Add(&op);
         }
         for (auto const& op : gRetrieval)
+        {
+            domain.Add(&op);
+        }
+        for (auto const& op : gViews)
         {
             domain.Add(&op);
         }
