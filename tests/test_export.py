@@ -150,10 +150,13 @@ def test_custom_nodes_carry_plugin_attributes_and_function_bodies(ckpts, exporte
     cfg = load_cfg(ckpts[ckpt])
     L = 2 * cfg["n_blocks"]
     views = [n for n in nodes if n.op_type == "SourceViews"]
-    nodes = [n for n in nodes if n.op_type != "SourceViews"]
+    gates = [n for n in nodes if n.op_type == "StreamGate"]
+    nodes = [n for n in nodes if n.op_type not in ("SourceViews", "StreamGate")]
     assert [n.op_type for n in nodes] == [op] * (L + 1)
-    # msar's retrieval graphs expand each source once, with its own taps; the others never
-    assert len(views) == (L + 1 if op == "DepthRetrieval" and ckpt == "msar" else 0)
+    # msar's retrieval graphs expand each source once, with its own taps, and gate each mixer in
+    # one node; the others never
+    per_source = L + 1 if op == "DepthRetrieval" and ckpt == "msar" else 0
+    assert len(views) == len(gates) == per_source
     contract = CONTRACTS[op]
     model_opset = {o.domain: o.version for o in m.opset_import}
     assert model_opset[DOMAIN] == 1
@@ -171,6 +174,10 @@ def test_custom_nodes_carry_plugin_attributes_and_function_bodies(ckpts, exporte
         assert node.overload == "n0" and (DOMAIN, "SourceViews", "n0") in functions
         assert node.input[0] == f"conv_taps_{i}" and node.input[0] in inits
         assert [a.name for a in node.attribute] == ["stream_kernels"]
+    retrieved = {n.output[0] for n in nodes}
+    for node in gates:  # each gates one mixer's retrieval
+        assert node.overload == "n0" and (DOMAIN, "StreamGate", "n0") in functions and not node.attribute
+        assert node.input[3] in retrieved
 
 
 def test_decomposed_file_has_no_custom_nodes(exported):

@@ -12,7 +12,7 @@ import torch
 from ort_ops_fixtures import ort_ops_library  # noqa: F401  (fixture)
 
 from msar_export import kernels as K
-from msar_export.bench.mixer import depth_retrieval_model, fused_mixer_model, source_views_model
+from msar_export.bench.mixer import depth_retrieval_model, fused_mixer_model, source_views_model, stream_gate_model
 from msar_export.runners.ort_runner import open_session
 from msar_export.verdict import rel_err
 
@@ -101,7 +101,8 @@ def test_fused_mixer_eps_and_padding_rows(ort_ops_library):
     assert rel_err(run_mixer(inp, kernels, "float32", ort_ops_library, eps=0.5), small) > 1e-3
 
 
-RETRIEVAL_CASES = [(1, 1, 2, 3, 37), (97, 4, 1, 2, 40), (9, 4, 3, 1, 8), (4, 2, 1, 33, 100)]  # (n, m, B, T, d)
+# (n, m, B, T, d); d 64: float32 rows read in place (whole vectors), as in a batch-8 decode step
+RETRIEVAL_CASES = [(1, 1, 2, 3, 37), (97, 4, 1, 2, 40), (9, 4, 3, 1, 8), (4, 2, 1, 33, 100), (17, 4, 8, 1, 64)]
 
 
 @pytest.mark.parametrize("precision", ["float32", "float16"])
@@ -158,6 +159,31 @@ def test_source_views_match_float64(ort_ops_library, case, precision):
     assert rel_err(native, off) > 5 * BOUND[precision], rel_err(native, off)
     late = torch.cat([window[:, :1], window[:, :-1]], dim=1)
     assert rel_err(native, K.reference_source_views64(taps.to(t), late.to(t), kernels).numpy()) > 1e-2
+
+
+GATE_CASES = [(1, 1, 4, 40), (2, 37, 4, 37), (1, 70, 8, 130), (3, 2, 1, 16)]  # (B, T, m, d)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("case", GATE_CASES, ids=lambda c: "B{}T{}m{}d{}".format(*c))
+def test_stream_gate_matches_float64(ort_ops_library, case, precision):
+    B, T, m, d = case
+    g = torch.Generator().manual_seed(B + T + d)
+    inp = dict(gate_weight=torch.randn(m, m * d, generator=g) / d**0.5, gate_bias=torch.randn(m, generator=g),
+               gate_scale=torch.tensor(0.5 + torch.rand((), generator=g).item()), z=torch.randn(B, T, m, d, generator=g))
+    t, nptype = getattr(torch, precision), DTYPES[precision][1]
+    ref = K.reference_stream_gate64(**{k: v.to(t) for k, v in inp.items()}).numpy()
+    feeds = {k: v.numpy().astype(nptype) for k, v in inp.items()}
+    model = stream_gate_model(m, d, dtype=DTYPES[precision][0])
+    native = session(model, ort_ops_library).run(["h"], feeds)[0]
+    function = session(model, "function").run(["h"], feeds)[0]
+    assert native.dtype == np.dtype(precision) and native.shape == (B, T, d)
+    assert rel_err(native, ref) <= BOUND[precision], rel_err(native, ref)
+    assert rel_err(function, ref) <= BOUND[precision], rel_err(function, ref)
+    # negative control: the gate bias 0.2 higher opens every stream's gate further
+    off = K.reference_stream_gate64(inp["gate_weight"].to(t), (inp["gate_bias"] + 0.2).to(t), inp["gate_scale"].to(t),
+                                    inp["z"].to(t)).numpy()
+    assert rel_err(native, off) > 5 * BOUND[precision], rel_err(native, off)
 
 
 def test_bad_shapes_are_one_clear_error(ort_ops_library):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from ..export.contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS
+from ..export.contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE
 from ..export.custom_paths import pack_conv_rows
-from ..export.functions import depth_retrieval_function, fused_mixer_function, ir_attributes, source_views_function
+from ..export.functions import (depth_retrieval_function, fused_mixer_function, ir_attributes, source_views_function,
+                                stream_gate_function)
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
 from ..verdict import rel_err
@@ -58,6 +59,12 @@ def source_views_model(d: int, kernels=KERNELS, opset: int = 18, dtype=ir.DataTy
     fixed = {"conv_weight": [sum(kernels[1:]), d], "window": ["B", "L", d]}
     return _one_node_model(SOURCE_VIEWS, 0, fixed, ["B", "T", len(kernels), d], values,
                            source_views_function(values, d, opset), dtype, opset)
+
+
+def stream_gate_model(m: int, d: int, opset: int = 18, dtype=ir.DataType.FLOAT) -> ir.Model:
+    """A graph of one msar::StreamGate node (inputs gate_weight, gate_bias, gate_scale, z; output h)."""
+    fixed = {"gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [], "z": ["B", "T", m, d]}
+    return _one_node_model(STREAM_GATE, 0, fixed, ["B", "T", d], {}, stream_gate_function({}, d, m, opset), dtype, opset)
 
 
 def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), threads: int = 2,

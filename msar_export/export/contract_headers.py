@@ -51,7 +51,8 @@ def render_kernel_attrs() -> str:
     out = [f"/* {GENERATED} */", "#ifndef MSAR_KERNEL_ATTRS_H", "#define MSAR_KERNEL_ATTRS_H", "",
            "#include <stdint.h>", ""]
     for c in CONTRACTS.values():
-        out += _kernel_macro(c)
+        if c.plugin:  # kernel arguments of the CUDA kernels' C ABI
+            out += _kernel_macro(c)
     out += ["#endif /* MSAR_KERNEL_ATTRS_H */", ""]
     return "\n".join(out)
 
@@ -62,9 +63,11 @@ def _op_block(c: OpContract) -> list[str]:
     out = [f"// ---- {op} " + "-" * (70 - len(op)), "",
            f'constexpr char const* k{op}Name = "{op}";',
            f"constexpr int32_t k{op}FixedInputs = {c.n_fixed_inputs};",
-           "constexpr char const* const k" + op + "FixedInputNames[] = {" + ", ".join(f'"{n}"' for n in fixed) + "};",
-           "", "//! The creator's PluginField table: ONNX attribute names and types, in contract order.",
-           f"constexpr FieldSpec k{op}Fields[] = {{"]
+           "constexpr char const* const k" + op + "FixedInputNames[] = {" + ", ".join(f'"{n}"' for n in fixed) + "};", ""]
+    if not c.plugin:  # no plugin creator: the name and the inputs are all the ONNX Runtime kernel needs
+        return out
+    out += ["//! The creator's PluginField table: ONNX attribute names and types, in contract order.",
+            f"constexpr FieldSpec k{op}Fields[] = {{"]
     out += [f'    {{"{a.name}", FieldKind::{_KIND[a.type]}}},' for a in c.attributes]
     out += ["};", "", f"//! {op}'s kernel attributes with the contract's defaults (an empty list: required).",
             f"struct {op}AttrFields", "{"]

@@ -165,7 +165,25 @@ SOURCE_VIEWS = OpContract(
     plugin=False,
 )
 
-CONTRACTS = {c.name: c for c in (FUSED_MIXER, DEPTH_RETRIEVAL, SOURCE_VIEWS)}
+STREAM_GATE = OpContract(
+    name="StreamGate",
+    doc=(
+        "Mixer l's scalar stream fusion (MSAR_SPEC 1.3) over its retrieved streams: "
+        "g = sigmoid(a_l * (flat(z) W_l^T) + b_l), one scalar per stream, and h = sum_r g^(r) z^(r). "
+        "Float32 inside."
+    ),
+    inputs=(
+        Port("gate_weight", "[m, m*d]", "T", "fusion projection W_l in nn.Linear layout"),
+        Port("gate_bias", "[m]", "T", "fusion bias b_l"),
+        Port("gate_scale", "[]", "T", "fusion scalar a_l"),
+        Port("z", "[B, T, m, d]", "T", "retrieved stream vectors z^(0..m-1) (DepthRetrieval's output)"),
+    ),
+    outputs=(Port("h", "[B, T, d]", "T", "the mixer output h_l"),),
+    attributes=(),
+    plugin=False,
+)
+
+CONTRACTS = {c.name: c for c in (FUSED_MIXER, DEPTH_RETRIEVAL, SOURCE_VIEWS, STREAM_GATE)}
 PLUGIN_CONTRACTS = {name: c for name, c in CONTRACTS.items() if c.plugin}
 
 

@@ -10,7 +10,7 @@ import torch
 
 from ..model.layers import f32
 from ..model.lm import DepthPath, EagerDepthPath
-from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS
+from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE
 
 CONV_TAPS = "conv_taps_"  # graphs.py: source i's SourceViews taps are the buffer conv_taps_{i}
 
@@ -52,6 +52,17 @@ def depth_retrieval_op(query: torch.Tensor, views: list[torch.Tensor], cfg) -> t
     )
 
 
+def stream_gate_op(mixer, z: torch.Tensor) -> torch.Tensor:
+    """(B, T, m, d) retrieved streams -> h (B, T, d) in z's dtype (one StreamGate node); the gate's
+    parameters are cast to z's type (the op's one type variable)."""
+    B, T, m, d = z.shape
+    params = [mixer.gate.weight, mixer.gate.bias, mixer.gate_scale]
+    return torch.onnx.ops.symbolic(
+        f"{DOMAIN}::{STREAM_GATE.name}", [p.to(z.dtype) for p in params] + [z], {},
+        dtype=z.dtype, shape=(B, T, d), version=DOMAIN_VERSION,
+    )
+
+
 class FusedMixerPath(DepthPath):
     """msar prefill: every mixer is one FusedMixer node over the raw sources."""
 
@@ -76,8 +87,8 @@ class FusedMixerPath(DepthPath):
 class RetrievalOpPath(EagerDepthPath):
     """attnres (prefill and decode), msar decode and msar `--mixer-op retrieval`: each source
     is expanded once (msar: one SourceViews node over its window, from the conv state when
-    decoding), each mixer is a DepthRetrieval node, and msar's scalar gate fusion stays
-    standard ops.  msar's views are in the model's dtype (docs/kernels.md, view dtype)."""
+    decoding), each mixer is a DepthRetrieval node, and msar's scalar gate fusion one
+    StreamGate node.  msar's views are in the model's dtype (docs/kernels.md, view dtype)."""
 
     conv_op = True
 
@@ -100,4 +111,5 @@ class RetrievalOpPath(EagerDepthPath):
 
     def mix(self, l):
         mixer, cfg = self.model.mixers[str(l)], self.model.cfg
-        return mixer.fuse(f32(depth_retrieval_op(mixer.query, self.views, cfg)))
+        z = depth_retrieval_op(mixer.query, self.views, cfg)
+        return f32(stream_gate_op(mixer, z)) if mixer.gated else mixer.fuse(f32(z))

@@ -3,7 +3,7 @@ ONNX Runtime runs a file that holds `msar::*` nodes unchanged.
 
 Bodies are generated per number of sources (the op is variadic, an ONNX
 function's input list is not) and registered as overloads `n{count}` of one
-function name (SourceViews, not variadic: one overload, `n0`).  Everything runs in float32 and is cast back to the input type.
+function name (SourceViews and StreamGate, not variadic: one overload, `n0`).  Everything runs in float32 and is cast back to the input type.
 
 A body has the same nodes whatever the number of sources n: the n variadic
 inputs enter one Concat and everything after it works on the stacked tensor.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnx_ir.tape import Tape
 
-from .contracts import DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, SOURCE_VIEWS, OpContract
+from .contracts import DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE, OpContract
 
 FLOAT = ir.DataType.FLOAT
 _IR_TYPES = {"INTS": ir.AttributeType.INTS, "INT": ir.AttributeType.INT, "FLOAT": ir.AttributeType.FLOAT,
@@ -161,6 +161,20 @@ def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
     return _function(SOURCE_VIEWS, 0, ins, [out], b, values, opset)
 
 
+def stream_gate_function(values: dict, d: int, m: int, opset: int) -> ir.Function:
+    """Z (B, T, m, d): gate logits flat(Z) @ W^T, h = g @ Z (FusedMixer's body, from its z on)."""
+    ins = _inputs(["gate_weight", "gate_bias", "gate_scale", "z"])
+    gw_in, gb_in, gs_in, z_in = ins
+    b = _Body()
+    Z = b.Cast(z_in, to=FLOAT)
+    flat = b.Reshape(Z, b.ints([0, 0, 1, m * d]))  # streams in order [z^(0), ..., z^(m-1)]
+    logits = b.MatMul(flat, b.Transpose(b.Cast(gw_in, to=FLOAT), perm=[1, 0]))  # (B, T, 1, m)
+    gates = b.Sigmoid(b.Add(b.Mul(logits, b.Cast(gs_in, to=FLOAT)), b.Cast(gb_in, to=FLOAT)))
+    out = b.CastLike(b.Reshape(b.MatMul(gates, Z), b.ints([0, 0, d])), z_in)  # (B, T, d)
+    out.name = "h"
+    return _function(STREAM_GATE, 0, ins, [out], b, values, opset)
+
+
 def function_body(contract: OpContract, n: int, cfg, opset: int) -> ir.Function:
     """The body of `contract`'s overload for n sources, its attribute defaults taken from the model config."""
     values = contract.attribute_values(cfg)
@@ -168,4 +182,6 @@ def function_body(contract: OpContract, n: int, cfg, opset: int) -> ir.Function:
         return fused_mixer_function(n, values, cfg.d_model, opset)
     if contract is SOURCE_VIEWS:
         return source_views_function(values, cfg.d_model, opset)
+    if contract is STREAM_GATE:
+        return stream_gate_function(values, cfg.d_model, cfg.n_streams, opset)
     return depth_retrieval_function(n, values, opset)

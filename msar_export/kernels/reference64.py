@@ -31,6 +31,12 @@ def reference_fused_mixer64(query, gate_weight, gate_bias, gate_scale, conv_weig
     keys = V / torch.sqrt((V * V).mean(-1, keepdim=True) + eps)
     alpha = torch.softmax((keys * query.double()).sum(-1), dim=0)  # (n, B, T, m)
     z = (alpha.unsqueeze(-1) * V).sum(0)  # (B, T, m, d)
+    return reference_stream_gate64(gate_weight, gate_bias, gate_scale, z)
+
+
+def reference_stream_gate64(gate_weight, gate_bias, gate_scale, z):
+    """MSAR_SPEC 1.3 in float64: z (B, T, m, d) -> h (B, T, d)."""
+    z = z.double()
     logits = z.flatten(-2) @ gate_weight.double().T  # (B, T, m)
     g = torch.sigmoid(gate_scale.double() * logits + gate_bias.double())
     return (g.unsqueeze(-1) * z).sum(-2)

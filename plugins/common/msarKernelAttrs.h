@@ -14,9 +14,4 @@
 #define MSAR_DEPTHRETRIEVAL_ATTR_ARGS \
     float eps;
 
-/* SourceViews's attributes as kernel arguments, in contract order. */
-#define MSAR_SOURCEVIEWS_ATTR_ARGS \
-    int32_t const* stream_kernels; \
-    int32_t n_streams;
-
 #endif /* MSAR_KERNEL_ATTRS_H */

@@ -126,44 +126,11 @@ constexpr char const* kSourceViewsName = "SourceViews";
 constexpr int32_t kSourceViewsFixedInputs = 2;
 constexpr char const* const kSourceViewsFixedInputNames[] = {"conv_weight", "window"};
 
-//! The creator's PluginField table: ONNX attribute names and types, in contract order.
-constexpr FieldSpec kSourceViewsFields[] = {
-    {"stream_kernels", FieldKind::kINT32},
-};
+// ---- StreamGate ------------------------------------------------------------
 
-//! SourceViews's kernel attributes with the contract's defaults (an empty list: required).
-struct SourceViewsAttrFields
-{
-    std::vector<int32_t> stream_kernels;
-    bool operator==(SourceViewsAttrFields const&) const = default;
-};
-
-//! Reads field `f` into `a` if it names a kernel attribute; false for any other name.
-inline bool readSourceViewsField(char const* op, SourceViewsAttrFields& a, FieldView const& f)
-{
-    if (std::strcmp(f.name, "stream_kernels") == 0)
-    {
-        a.stream_kernels = intsField(op, f);
-        return true;
-    }
-    return false;
-}
-
-//! Every creator field for serialisation; the views point into `a`, which must outlive them.
-inline std::vector<FieldView> sourceViewsFieldsToSerialize(SourceViewsAttrFields const& a)
-{
-    return {
-        {"stream_kernels", FieldKind::kINT32, a.stream_kernels.data(), static_cast<int32_t>(a.stream_kernels.size())},
-    };
-}
-
-//! The attributes into the kernel's MSAR_SOURCEVIEWS_ATTR_ARGS members.
-template <typename Args>
-void setSourceViewsKernelAttrs(Args& args, SourceViewsAttrFields const& a)
-{
-    args.stream_kernels = a.stream_kernels.data();
-    args.n_streams = static_cast<int32_t>(a.stream_kernels.size());
-}
+constexpr char const* kStreamGateName = "StreamGate";
+constexpr int32_t kStreamGateFixedInputs = 4;
+constexpr char const* const kStreamGateFixedInputNames[] = {"gate_weight", "gate_bias", "gate_scale", "z"};
 
 } // namespace msar
 

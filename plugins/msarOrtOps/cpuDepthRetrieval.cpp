@@ -34,12 +34,18 @@ void row(Prepared const& P, int64_t item)
     std::fill_n(tSum.data(), dp, 0.F);
     float max = -std::numeric_limits<float>::infinity(), den = 0.F;
     float const* q = P.query.data() + r * dp;
+    // float32 rows of whole vectors are read where they lie: a copy would double a decode step's traffic
+    bool const inPlace = p.storage == Storage::kFloat32 && dp == d;
     for (int64_t i = 0; i < p.n; ++i)
     {
-        loadRow(tRow.data(), p.views[i], item * d, d, dp, p.storage);
+        float const* v = inPlace ? static_cast<float const*>(p.views[i]) + item * d : tRow.data();
+        if (!inPlace)
+        {
+            loadRow(tRow.data(), p.views[i], item * d, d, dp, p.storage);
+        }
         float dot, squares;
-        dotAndSquares(q, tRow.data(), dp, dot, squares);
-        onlineAdd(tSum.data(), tRow.data(), dp, score(dot, squares, d, p.eps), max, den);
+        dotAndSquares(q, v, dp, dot, squares);
+        onlineAdd(tSum.data(), v, dp, score(dot, squares, d, p.eps), max, den);
     }
     float const inv = 1.F / den;
     for (int64_t c = 0; c < d; ++c)

@@ -71,7 +71,20 @@ struct SourceViewsProblem
     void* views;                   // [B, T, m, d]
 };
 
+//! StreamGate (export/contracts.py): mixer l's scalar stream fusion over its retrieved streams.
+struct StreamGateProblem
+{
+    Storage storage;
+    int64_t B, T, m, d;
+    void const* gate_weight;  // [m, m*d]
+    void const* gate_bias;    // [m]
+    void const* gate_scale;   // []
+    void const* z;            // [B, T, m, d]
+    void* h;                  // [B, T, d]
+};
+
 void fusedMixer(FusedMixerProblem const& p, Parallel const& parallel);
+void streamGate(StreamGateProblem const& p, Parallel const& parallel);
 void sourceViews(SourceViewsProblem const& p, Parallel const& parallel);
 void depthRetrieval(DepthRetrievalProblem const& p, Parallel const& parallel);
 

@@ -1,6 +1,6 @@
 /*
- * ONNX Runtime custom-op library for the msar ops: FusedMixer, DepthRetrieval
- * and SourceViews (export/contracts.py, generated common/msarOpContracts.h),
+ * ONNX Runtime custom-op library for the msar ops: FusedMixer, DepthRetrieval,
+ * SourceViews and StreamGate (export/contracts.py, generated common/msarOpContracts.h),
  * float32, float16 and bfloat16 storage (float32 inside), on the CPU execution provider.
  *
  *   so.register_custom_ops_library("libmsar_ort_ops.so")
@@ -257,6 +257,37 @@ struct SourceViewsKernel
     std::vector<int32_t> mKernels;
 };
 
+struct StreamGateKernel
+{
+    static constexpr char const* kName = msar::kStreamGateName;
+    static constexpr std::size_t kFixed = msar::kStreamGateFixedInputs;
+    static constexpr bool kVariadic = false;
+
+    StreamGateKernel(OrtApi const&, OrtKernelInfo const*, Storage storage) : mStorage(storage) {}
+
+    void compute(Ort::KernelContext& ctx) const
+    {
+        char const* op = kName;
+        Input gw = input(ctx, 0), gb = input(ctx, 1), gs = input(ctx, 2), z = input(ctx, 3);
+        expect(z.shape.size() == 4, op, [&] { return "z must be [B, T, m, d], got " + shapeText(z.shape); });
+        int64_t const B = z.shape[0], T = z.shape[1], m = z.shape[2], d = z.shape[3];
+        expect(gw.shape == Shape{m, m * d}, op,
+               [&] { return "gate_weight must be " + shapeText({m, m * d}) + ", got " + shapeText(gw.shape); });
+        expect(gb.shape == Shape{m}, op,
+               [&] { return "gate_bias must be " + shapeText({m}) + ", got " + shapeText(gb.shape); });
+        expect(gs.shape.empty() || gs.shape == Shape{1}, op,
+               [&] { return "gate_scale must be a scalar, got " + shapeText(gs.shape); });
+        msar::cpu::StreamGateProblem p{mStorage, B, T, m, d, gw.data, gb.data, gs.data, z.data, nullptr};
+        p.h = ctx.GetOutput(0, Shape{B, T, d}).GetTensorMutableRawData();
+        if (B * T * d > 0)
+        {
+            msar::cpu::streamGate(p, OrtParallel(ctx));
+        }
+    }
+
+    Storage mStorage;
+};
+
 template <typename Kernel>
 struct Wrapped
 {
@@ -325,6 +356,9 @@ Op<DepthRetrievalKernel> const gRetrieval[] = {Op<DepthRetrievalKernel>{ONNX_TEN
 Op<SourceViewsKernel> const gViews[] = {Op<SourceViewsKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
                                          Op<SourceViewsKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
                                          Op<SourceViewsKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
+Op<StreamGateKernel> const gGates[] = {Op<StreamGateKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+                                        Op<StreamGateKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
+                                        Op<StreamGateKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
 std::mutex gDomainsLock;
 std::vector<Ort::CustomOpDomain> gDomains;
 
@@ -351,6 +385,10 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
             domain.Add(&op);
         }
         for (auto const& op : gViews)
+        {
+            domain.Add(&op);
+        }
+        for (auto const& op : gGates)
         {
             domain.Add(&op);
         }

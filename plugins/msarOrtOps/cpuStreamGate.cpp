@@ -1,0 +1,85 @@
+/*
+ * StreamGate on the CPU: one work item is one (batch row, token). Its m stream rows are converted
+ * to float32 once; the m x m gate dot products and the gated sum read them from L1.
+ */
+#include "cpuKernels.h"
+#include "cpuVector.h"
+
+#include <cmath>
+
+namespace msar::cpu
+{
+namespace
+{
+
+struct Prepared
+{
+    StreamGateProblem const* p;
+    int64_t dp;
+    std::vector<float> weight;  // [m][m][dp]: weight[o][r] is W[o, r*d:(r+1)*d]
+    std::vector<float> bias;    // [m]
+    float scale;
+};
+
+thread_local std::vector<float> tZ, tH;
+
+void row(Prepared const& P, int64_t item)
+{
+    StreamGateProblem const& p = *P.p;
+    int64_t const dp = P.dp, d = p.d, m = p.m;
+    if (static_cast<int64_t>(tZ.size()) < m * dp)
+    {
+        tZ.resize(m * dp);
+        tH.resize(dp);
+    }
+    for (int64_t r = 0; r < m; ++r)
+    {
+        loadRow(tZ.data() + r * dp, p.z, (item * m + r) * d, d, dp, p.storage);
+    }
+    std::fill_n(tH.data(), dp, 0.F);
+    for (int64_t o = 0; o < m; ++o)
+    {
+        vf acc = vf{};
+        for (int64_t r = 0; r < m; ++r)
+        {
+            float const* w = P.weight.data() + (o * m + r) * dp;
+            float const* z = tZ.data() + r * dp;
+            for (int64_t c = 0; c < dp; c += kVW)
+            {
+                acc += vload(w + c) * vload(z + c);
+            }
+        }
+        float const g = 1.F / (1.F + std::exp(-(P.scale * hsum(acc) + P.bias[o])));
+        vf const gv = vsplat(g);
+        float const* z = tZ.data() + o * dp;
+        for (int64_t c = 0; c < dp; c += kVW)
+        {
+            vstore(tH.data() + c, vload(tH.data() + c) + gv * vload(z + c));
+        }
+    }
+    storeRow(p.h, item * d, tH.data(), d, p.storage);
+}
+
+} // namespace
+
+void streamGate(StreamGateProblem const& p, Parallel const& parallel)
+{
+    Prepared P{&p, padded(p.d), {}, std::vector<float>(p.m), 0.F};
+    P.weight.assign(p.m * p.m * P.dp, 0.F);
+    for (int64_t o = 0; o < p.m; ++o)
+    {
+        for (int64_t r = 0; r < p.m; ++r)
+        {
+            loadRow(P.weight.data() + (o * p.m + r) * P.dp, p.gate_weight, (o * p.m + r) * p.d, p.d, P.dp, p.storage);
+        }
+    }
+    loadRow(P.bias.data(), p.gate_bias, 0, p.m, p.m, p.storage);
+    loadRow(&P.scale, p.gate_scale, 0, 1, 1, p.storage);
+    // A decode step's gate (a few token rows) is over in microseconds: the pool would cost more.
+    std::size_t const batch = p.B * p.T <= 16 ? 1 : 0;
+    parallel.run(static_cast<std::size_t>(p.B * p.T), batch,
+                 [](void* data, std::size_t item) { row(*static_cast<Prepared const*>(data), static_cast<int64_t>(item)); },
+                 &P);
+}
+
+} // namespace msar::cpu
