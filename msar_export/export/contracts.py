@@ -98,6 +98,11 @@ COMMON_ATTRS = (
 )
 
 EPS = Attr("eps", "FLOAT", 1e-6, "mixer_eps of the parameter-free key RMSNorm", config="mixer_eps")
+GATE_PORTS = (  # the scalar stream gate's parameters (MSAR_SPEC 1.3): FusedMixer and StreamGate
+    Port("gate_weight", "[m, m*d]", "T", "fusion projection W_l in nn.Linear layout"),
+    Port("gate_bias", "[m]", "T", "fusion bias b_l"),
+    Port("gate_scale", "[]", "T", "fusion scalar a_l"),
+)
 
 FUSED_MIXER = OpContract(
     name="FusedMixer",
@@ -108,9 +113,7 @@ FUSED_MIXER = OpContract(
     ),
     inputs=(
         Port("query", "[m, d]", "T", "pseudo-query per stream (a key-norm weight, if any, folded in)"),
-        Port("gate_weight", "[m, m*d]", "T", "fusion projection W_l in nn.Linear layout"),
-        Port("gate_bias", "[m]", "T", "fusion bias b_l"),
-        Port("gate_scale", "[]", "T", "fusion scalar a_l"),
+        *GATE_PORTS,
         Port("conv_weight", "[N, K, d]", "T",
              "taps of every source in the layout the kernels read, channels last, N >= n: "
              "conv_weight[i, o_r + j, c] is tap j of stream r (r = 1..m-1) for channel c of source i, "
@@ -173,9 +176,7 @@ STREAM_GATE = OpContract(
         "Float32 inside."
     ),
     inputs=(
-        Port("gate_weight", "[m, m*d]", "T", "fusion projection W_l in nn.Linear layout"),
-        Port("gate_bias", "[m]", "T", "fusion bias b_l"),
-        Port("gate_scale", "[]", "T", "fusion scalar a_l"),
+        *GATE_PORTS,
         Port("z", "[B, T, m, d]", "T", "retrieved stream vectors z^(0..m-1) (DepthRetrieval's output)"),
     ),
     outputs=(Port("h", "[B, T, d]", "T", "the mixer output h_l"),),

@@ -105,6 +105,16 @@ float floatAttr(OrtApi const& api, OrtKernelInfo const* info, char const* name, 
     return v;
 }
 
+//! The scalar gate's parameters (FusedMixer, StreamGate) for m streams of width d.
+void expectGate(char const* op, Input const& gw, Input const& gb, Input const& gs, int64_t m, int64_t d)
+{
+    expect(gw.shape == Shape{m, m * d}, op,
+           [&] { return "gate_weight must be " + shapeText({m, m * d}) + ", got " + shapeText(gw.shape); });
+    expect(gb.shape == Shape{m}, op, [&] { return "gate_bias must be " + shapeText({m}) + ", got " + shapeText(gb.shape); });
+    expect(gs.shape.empty() || gs.shape == Shape{1}, op,
+           [&] { return "gate_scale must be a scalar, got " + shapeText(gs.shape); });
+}
+
 //! One kernel per node; T is the element type this instance was registered for.
 struct FusedMixerKernel
 {
@@ -141,12 +151,7 @@ struct FusedMixerKernel
         int64_t const n = static_cast<int64_t>(count - kFixed);
         expect(q.shape == Shape{m, d}, op,
                [&] { return "query must be [m, d] = " + shapeText({m, d}) + ", got " + shapeText(q.shape); });
-        expect(gw.shape == Shape{m, m * d}, op,
-               [&] { return "gate_weight must be " + shapeText({m, m * d}) + ", got " + shapeText(gw.shape); });
-        expect(gb.shape == Shape{m}, op,
-               [&] { return "gate_bias must be " + shapeText({m}) + ", got " + shapeText(gb.shape); });
-        expect(gs.shape.empty() || gs.shape == Shape{1}, op,
-               [&] { return "gate_scale must be a scalar, got " + shapeText(gs.shape); });
+        expectGate(op, gw, gb, gs, m, d);
         expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == K && cw.shape[2] == d, op, [&] { return
                "conv_weight must be [N >= " + std::to_string(n) + ", K = " + std::to_string(K) + ", d = "
                    + std::to_string(d) + "], got " + shapeText(cw.shape); });
@@ -271,12 +276,7 @@ struct StreamGateKernel
         Input gw = input(ctx, 0), gb = input(ctx, 1), gs = input(ctx, 2), z = input(ctx, 3);
         expect(z.shape.size() == 4, op, [&] { return "z must be [B, T, m, d], got " + shapeText(z.shape); });
         int64_t const B = z.shape[0], T = z.shape[1], m = z.shape[2], d = z.shape[3];
-        expect(gw.shape == Shape{m, m * d}, op,
-               [&] { return "gate_weight must be " + shapeText({m, m * d}) + ", got " + shapeText(gw.shape); });
-        expect(gb.shape == Shape{m}, op,
-               [&] { return "gate_bias must be " + shapeText({m}) + ", got " + shapeText(gb.shape); });
-        expect(gs.shape.empty() || gs.shape == Shape{1}, op,
-               [&] { return "gate_scale must be a scalar, got " + shapeText(gs.shape); });
+        expectGate(op, gw, gb, gs, m, d);
         msar::cpu::StreamGateProblem p{mStorage, B, T, m, d, gw.data, gb.data, gs.data, z.data, nullptr};
         p.h = ctx.GetOutput(0, Shape{B, T, d}).GetTensorMutableRawData();
         if (B * T * d > 0)
