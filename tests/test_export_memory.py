@@ -249,3 +249,25 @@ def test_low_memory_session_computes_the_same_logits(inline_and_external):
     full = OrtModel(inline.path, threads=2).session
     assert np.array_equal(lean, full.run(["logits"], {"input_ids": ids})[0])
     assert not np.array_equal(lean, full.run(["logits"], {"input_ids": (ids + 1) % 61})[0])
+
+
+def _mapped(path) -> int:
+    """Mappings of `path` in this process (Linux)."""
+    with open("/proc/self/maps") as f:
+        return sum(line.rstrip("\n").endswith(str(path)) for line in f)
+
+
+def test_validation_session_maps_the_external_data(inline_and_external):
+    """Validation's ORT session uses the weights from the mapped data file, not a copy read
+    into memory; the mappings go with the session."""
+    _, external = inline_and_external
+    data = external.path.with_name(external.path.name + ".data").resolve()
+    before = _mapped(data)
+    model = OrtModel(external.path, threads=1, low_memory=True)
+    model.ort.logits(np.arange(10, dtype=np.int64).reshape(2, 5))
+    assert _mapped(data) > before
+    del model
+    import gc
+
+    gc.collect()
+    assert _mapped(data) == before

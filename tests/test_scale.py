@@ -89,23 +89,23 @@ def test_deep_export_passes_and_a_two_percent_tap_fault_fails(deep_ckpt, tmp_pat
 
 def test_cli_export_exits_1_on_failed_validation_and_keeps_the_file(tmp_path, monkeypatch, capsys):
     ckpt = make_checkpoint(tmp_path / "small", seed=2, n_blocks=2)[0]
-    import msar_export.export.validate as validate
+    import msar_export.export.reference as reference
+    from msar_export.export.validate import reference_logits
 
-    real, calls = validate.reference_logits, []
+    real, calls = reference.streamed_reference, []
 
-    def reference_of_a_faulty_model(model, dtype, *a, **k):
+    def reference_of_a_faulty_model(files, cfg, dtype, *a, **k):
         # The export reads its weights from the checkpoint file (weightless export), so the fault goes
         # into the reference: the logits of the checkpoint's model with one source's taps 2% off.
-        real(model, dtype, *a, **k)  # what the exporter expects done to `model`
-        calls.append(real(_faulty(ckpt, 2), dtype, *a, **k))
+        calls.append(reference_logits(_faulty(ckpt, 2), dtype, *a, **k))
         return calls[-1]
 
-    monkeypatch.setattr(validate, "reference_logits", reference_of_a_faulty_model)
+    monkeypatch.setattr(reference, "streamed_reference", reference_of_a_faulty_model)
     out = tmp_path / "m.onnx"
     assert cli.main(["export", str(ckpt), "-o", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "validation failed" in err[0] and "written and kept" in err[0], err
     assert out.is_file() and len(calls) == 1
 
-    monkeypatch.setattr(validate, "reference_logits", real)
+    monkeypatch.setattr(reference, "streamed_reference", real)
     assert cli.main(["export", str(ckpt), "-o", str(out)]) == 0

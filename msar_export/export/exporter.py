@@ -201,7 +201,7 @@ def _export(load, out, opts: ExportOptions, source_name: str, validate: bool, ow
     from .validate import reference_logits
 
     if weights is not None:
-        return _export_weightless(load, weights, out, opts, source_name, validate, defer_validation, inputs)
+        return _export_weightless(weights, out, opts, source_name, validate, defer_validation, inputs)
     # The whole output set, before minutes of tracing: the file, its data file, never an input.
     out = check_outputs([out, Path(str(out) + ".data")], inputs)[0]
     t0 = time.perf_counter()
@@ -246,12 +246,12 @@ def finish_and_save(onnx_model: ir.Model, cfg, opts: ExportOptions, source_name:
     return counts, external, size
 
 
-def _export_weightless(load, weights, out, opts: ExportOptions, source_name: str, validate: bool,
+def _export_weightless(weights, out, opts: ExportOptions, source_name: str, validate: bool,
                        defer_validation: bool, inputs) -> ExportReport:
     """The checkpoint path: traced from a fake model, each weight read from the checkpoint
-    as it is written (weightless.py).  With validation, the float64 reference is computed
-    first from the loaded model, which is dropped before tracing."""
-    from .validate import reference_logits
+    as it is written (weightless.py).  With validation, the reference is computed first,
+    streamed from the checkpoint one sublayer at a time (reference.py)."""
+    from .reference import streamed_reference
     from .weightless import fake_model
 
     out = check_outputs([out, Path(str(out) + ".data")], inputs)[0]
@@ -259,10 +259,7 @@ def _export_weightless(load, weights, out, opts: ExportOptions, source_name: str
     reference = None
     if validate:
         t_ref = time.perf_counter()
-        model = load(torch.float32).eval()
-        reference = reference_logits(model, opts.dtype)
-        del model
-        return_freed_memory()
+        reference = streamed_reference(weights.files, weights.cfg, opts.dtype)
         t0 += time.perf_counter() - t_ref  # export seconds: trace and save, as without validation
     cfg = weights.cfg
     n_params = sum(e.nbytes // max(1, e.dtype.itemsize) for e in weights.files.entries.values())

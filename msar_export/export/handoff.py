@@ -5,11 +5,14 @@ give back at 318 M parameters (the onnx / onnxruntime / onnxscript / torch.onnx
 modules, and what torch.export leaves behind), and ONNX Runtime then needed about
 1.5x the weights to load and run the file (1.2x without constant folding): 1.72-1.78x
 of the checkpoint for the whole run, over issue 12's 1.5x.  So `msar-export export` on a large checkpoint
-computes the eager reference before tracing (validate.reference_logits), saves
-it (a few MB), and replaces itself (exec: same process id, same stdout/stderr, one
-process at any time, so its RSS is the run's) with `python -m
+computes the eager reference before tracing (export/reference.py, streamed from the
+checkpoint), saves it (a few MB), and replaces itself (exec: same process id, same
+stdout/stderr, one process at any time, so its RSS is the run's) with `python -m
 msar_export.export.handoff STATE`, which imports neither torch nor the exporter,
-runs validate.validate_file, prints the report and exits as the CLI would.
+runs validate.validate_file, prints the report and exits as the CLI would.  Its ORT
+session (low_memory) reads external data from the mapped file: at 128 M parameters
+(a 512 MB data file) 67 MiB of anonymous memory after the run, the weights only as
+file pages, which the kernel can drop (measured 2026-12-02).
 Small checkpoints validate in-process: the exec'd interpreter cost ~3 s more on
 a 2-block model (11.4 vs 7.6 s), which the test suite's many small exports
 should not pay.

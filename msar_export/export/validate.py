@@ -92,6 +92,15 @@ class Reference:
             return cls(z["ids"], z["ref64"], z["eager"])
 
 
+def validation_ids(cfg, batch: int = 3, seq: int | None = None):
+    """The token ids validation runs on (torch, fixed seed): (batch, seq), by default 3 x 19 or
+    wider than the widest conv window; the graphs are traced at (2, 5)."""
+    import torch
+
+    seq = seq or max(19, cfg.kmax + 7)
+    return torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(7))
+
+
 def reference_logits(model, dtype: str, batch: int = 3, seq: int | None = None) -> Reference | None:
     """The reference for validating an export of `model` (its stored weights) at `dtype`;
     leaves `model` converted in place to `dtype`.  None for bfloat16 (not run in ORT)."""
@@ -99,12 +108,10 @@ def reference_logits(model, dtype: str, batch: int = 3, seq: int | None = None) 
 
     from ..model.precision import float64_one_sublayer_at_a_time
 
-    cfg = model.cfg
     if dtype == "bfloat16":
         model.to(torch.bfloat16)
         return None
-    seq = seq or max(19, cfg.kmax + 7)  # traced at (2, 5); cover the widest conv window
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(7))
+    ids = validation_ids(model.cfg, batch, seq)
     with float64_one_sublayer_at_a_time(model), torch.no_grad():
         ref64 = model(ids).numpy()  # first: float64 of the stored weights, not of rounded ones
     model.to(getattr(torch, dtype))  # the export dtypes are torch's names
