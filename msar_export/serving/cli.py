@@ -238,8 +238,9 @@ def cmd_loadtest(a) -> int:
     job = LoadJob(urls=list(a.url), settings=settings, json_out=str(Path(a.json).absolute()) if a.json else None,
                   prefill=_absolute(prefill or a.onnx), decode=_absolute(decode or a.decode_onnx))
     if a.perf_analyzer:
-        from .load.perf_analyzer import PerfSettings, find_perf_analyzer
+        from .load.perf_analyzer import PerfSettings, find_perf_analyzer, http_url_of
 
+        http_url_of(a.url)
         find_perf_analyzer()  # not installed: one line and exit 2, here, before anything runs
         job.perf = PerfSettings(concurrency=tuple(dict.fromkeys(a.concurrency)), requests=a.max_requests,
                                 stability=a.stability)

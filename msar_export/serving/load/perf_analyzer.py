@@ -152,15 +152,24 @@ def run_perf_analyzer(url: str, http_url: str, model: str, items, concurrency: i
     return out
 
 
+def http_url_of(urls: list[str]) -> str:
+    """The server's HTTP URL among `urls`: the front's counters and Triton's statistics are read there."""
+    from ..triton.client import parse_url
+
+    for u in urls:
+        scheme, address = parse_url(u)
+        if scheme == "http":
+            return f"http://{address}"
+    raise InputError("--perf-analyzer: give the server's HTTP URL too (--url http://127.0.0.1:PORT): "
+                     "the front's counters are read there")
+
+
 def compare(urls: list[str], s, p: PerfSettings, prefill=None, decode=None, say=print) -> dict:
     """perf_analyzer and our load test at each concurrency level, per protocol and model."""
-    from ..triton.client import ServingClient, parse_url
+    from ..triton.client import ServingClient
     from .loadtest import make_pool, run_load
 
-    http = [u for u in urls if parse_url(u)[0] == "http"]
-    if not http:
-        raise InputError("--perf-analyzer: give the server's HTTP URL too (--url http://127.0.0.1:PORT): "
-                         "the front's counters are read there")
+    http_url = http_url_of(urls)
     find_perf_analyzer()
     rows = []
     for url in urls:
@@ -171,7 +180,7 @@ def compare(urls: list[str], s, p: PerfSettings, prefill=None, decode=None, say=
                 items = make_pool(one, int(params["vocab_size"]), int(params["max_seq_len"]))
                 batched = int(config.get("max_batch_size", 0)) > 0
                 for c in p.concurrency:
-                    pa = run_perf_analyzer(url, http[0], model, items, c, p, batched)
+                    pa = run_perf_analyzer(url, http_url, model, items, c, p, batched)
                     say(format_row(pa))
                     ours = run_load(url, replace(one, clients=c, max_requests=p.requests), prefill, decode,
                                     progress=None)
