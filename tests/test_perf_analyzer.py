@@ -95,3 +95,19 @@ def test_perf_analyzer_needs_the_http_url():
     r = _cli("loadtest", "--perf-analyzer", "--url", "grpc://127.0.0.1:9")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "HTTP URL" in lines[0], r.stdout + r.stderr
+
+
+@pytest.mark.slow  # the fuller run of the default-tier test above: both models, concurrency 1, 4 and 16
+def test_perf_analyzer_at_each_concurrency_both_models(served, perf_analyzer, tmp_path):
+    out = tmp_path / "perf.json"
+    r = run_cli("loadtest", "--perf-analyzer", "--url", served["http"], "--url", served["grpc"],
+                "--max-requests", 90, "--stability", 200, "--seconds", 10, "--new-tokens", 4, "--json", out,
+                timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(x["perf_analyzer"]["protocol"], x["perf_analyzer"]["model"], x["perf_analyzer"]["concurrency"])
+            for x in rows] == [(p, m, c) for p in ("http", "grpc") for m in ("logits", "generate") for c in (1, 4, 16)]
+    for x in rows:
+        pa = x["perf_analyzer"]
+        assert pa["problems"] == [] and pa["front"]["refused"] == 0 and pa["triton"]["succeeded"] == pa["requests"]
+        assert x["loadtest"]["mismatches"] == 0 and x["loadtest"]["errors"] == 0
