@@ -27,7 +27,7 @@ fi
 # Triton's perf_analyzer (`msar-export loadtest --perf-analyzer`), into .venv-triton/perf_analyzer
 # {bin,lib}.  The perf-analyzer wheels (2.58-2.60) need glibc 2.38 and do not install on
 # Debian 12; tritonclient 2.51.0 ships the binary in its data/bin, built for glibc <= 2.34.  It
-# links libb64 (Debian's libb64-0d, downloaded and unpacked with a private source list, as
+# links libb64 (Debian's libb64-0d, downloaded and unpacked with a private apt state folder, as
 # fetch_ort_headers.sh does: the system is not changed) and libcudart.so.12 (the
 # nvidia-cuda-runtime-cu12 wheel; no GPU is needed).  Only the files are taken from the two
 # wheels: tritonclient 2.51 itself would downgrade the client library.  Optional: when it cannot
@@ -38,18 +38,15 @@ fetch_perf_analyzer() (  # a subshell: its trap and variables stay in it
     trap 'rm -rf "$work"' EXIT
     .venv-triton/bin/pip download -q --no-deps --only-binary=:all: -d "$work" \
         tritonclient==2.51.0 nvidia-cuda-runtime-cu12==12.9.79 >"$work/log" 2>&1 || { tail -n1 "$work/log"; return 1; }
-    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-    keyring=/usr/share/keyrings/debian-archive-keyring.gpg
-    if [ -z "$codename" ] || [ ! -f "$keyring" ] || ! command -v dpkg-deb >/dev/null; then
+    if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
         echo "not a Debian system with apt-get and dpkg-deb (libb64 comes from Debian)"; return 1
     fi
+    # The system's own sources, read into a private state folder (the system's lists stay as they are).
     mkdir -p "$work/lists/partial" "$work/archives/partial"
-    echo "deb [signed-by=$keyring] http://deb.debian.org/debian $codename main" >"$work/sources.list"
-    apt=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
-         -o "Dir::State::Lists=$work/lists" -o "Dir::Cache::Archives=$work/archives" -o APT::Sandbox::User=root)
+    apt=(-o "Dir::State::Lists=$work/lists" -o "Dir::Cache::Archives=$work/archives" -o APT::Sandbox::User=root)
     if ! apt-get -qq "${apt[@]}" update >>"$work/log" 2>&1 \
         || ! (cd "$work" && apt-get -qq "${apt[@]}" download libb64-0d >>"$work/log" 2>&1); then
-        echo "could not download libb64-0d from Debian $codename ($(tail -n1 "$work/log"))"; return 1
+        echo "could not download Debian's libb64-0d ($(tail -n1 "$work/log"))"; return 1
     fi
     dpkg-deb -x "$work"/libb64-0d_*.deb "$work/deb"
     rm -rf "$PA.partial" && mkdir -p "$PA.partial/bin" "$PA.partial/lib"

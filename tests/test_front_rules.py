@@ -179,3 +179,4 @@ def test_front_counts_what_it_passed_on_and_what_it_refused(fronted):
     assert after["http"] == {"answered": 1, "infer_answered": 1, "refused": 1, "upstream_errors": 0}, after
     assert after["grpc"] == before["grpc"] and len(seen) == 1
     assert _post(base, "/v2/front/stats", b"")[0] == 405  # read-only
+

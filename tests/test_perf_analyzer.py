@@ -31,10 +31,11 @@ def perf_analyzer(triton):
 
 
 def test_perf_analyzer_requests_all_pass_the_front_and_are_answered(served, perf_analyzer, tmp_path):
-    """A short run: 2 concurrent streams, windows of 20 requests, on both protocols, beside our load test."""
+    """A short run: 16 concurrent streams (opened at once: the front's listen queue must hold them),
+    windows of 20 requests, on both protocols, beside our load test."""
     out = tmp_path / "perf.json"
     r = run_cli("loadtest", "--perf-analyzer", "--url", served["http"], "--url", served["grpc"], "--models", "logits",
-                "--concurrency", 2, "--max-requests", 60, "--stability", 200, "--seconds", 5, "--pool", 8,
+                "--concurrency", 16, "--max-requests", 60, "--stability", 200, "--seconds", 5, "--pool", 8,
                 "--json", out)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = json.loads(out.read_text())["rows"]
@@ -46,7 +47,7 @@ def test_perf_analyzer_requests_all_pass_the_front_and_are_answered(served, perf
         assert pa["requests"] >= 60 and pa["triton"] == {"succeeded": pa["requests"], "failed": 0}, pa
         assert pa["throughput_rps"] > 0 and 0 < pa["latency_ms"]["p50"] <= pa["latency_ms"]["p99"], pa
         assert ours["errors"] == 0 and ours["mismatches"] == 0 and ours["ok"] == 60, ours
-    assert "| http | logits | 2 |" in r.stdout and "| grpc | logits | 2 |" in r.stdout, r.stdout
+    assert "| http | logits | 16 |" in r.stdout and "| grpc | logits | 16 |" in r.stdout, r.stdout
 
 
 def _run_one(served, ids, protocol="http"):
@@ -91,10 +92,21 @@ def test_without_perf_analyzer_one_line_and_exit_2(tmp_path):
     assert "perf_analyzer is not installed" in lines[0] and "setup_triton_env.sh" in lines[0], lines[0]
 
 
-def test_perf_analyzer_needs_the_http_url():
-    r = _cli("loadtest", "--perf-analyzer", "--url", "grpc://127.0.0.1:9")
+@pytest.mark.parametrize("args, says", [
+    (["--perf-analyzer", "--url", "grpc://127.0.0.1:9"], "HTTP URL"),
+    (["--url", "http://127.0.0.1:9", "--concurrency", "4"], "go with --perf-analyzer"),
+    (["--perf-analyzer", "--url", "http://127.0.0.1:9", "--concurrency", "0"], "concurrency"),
+])
+def test_perf_analyzer_usage_errors_are_one_line(args, says):
+    r = _cli("loadtest", *args)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "HTTP URL" in lines[0], r.stdout + r.stderr
+    assert r.returncode == 2 and len(lines) == 1 and says in lines[0], r.stdout + r.stderr
+
+
+def test_no_server_there_is_one_line(perf_analyzer):
+    r = _cli("loadtest", "--perf-analyzer", "--url", "http://127.0.0.1:9", "--models", "logits")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "127.0.0.1:9" in lines[-1] and "Traceback" not in r.stderr, r.stdout + r.stderr
 
 
 @pytest.mark.slow  # the fuller run of the default-tier test above: both models, concurrency 1, 4 and 16

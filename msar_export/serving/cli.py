@@ -112,9 +112,9 @@ def register(subparsers) -> None:
     t.add_argument("--json", metavar="OUT.json", help="write the report here (atomically)")
     t.add_argument("--perf-analyzer", action="store_true",
                    help="also run Triton's perf_analyzer at each --concurrency level, figures side by side")
-    t.add_argument("--concurrency", type=CLIENTS, nargs="+", default=[1, 4, 16], metavar="N",
+    t.add_argument("--concurrency", type=CLIENTS, nargs="+", default=None, metavar="N",
                    help="with --perf-analyzer: concurrency levels (default 1 4 16)")
-    t.add_argument("--stability", type=POSITIVE, default=25.0, metavar="PERCENT",
+    t.add_argument("--stability", type=POSITIVE, default=None, metavar="PERCENT",
                    help="with --perf-analyzer: the spread it accepts between its last three measurement "
                         "windows (its -s; default 25)")
     t.set_defaults(func=cmd_loadtest)
@@ -210,6 +210,8 @@ def cmd_loadtest(a) -> int:
         raise InputError("give --url URL (a running server) or --compare-batching CKPT|MODEL.onnx, not both")
     if a.perf_analyzer and a.compare_batching:
         raise InputError("--perf-analyzer runs against a running server: give --url, not --compare-batching")
+    if not a.perf_analyzer and (a.concurrency or a.stability):
+        raise InputError("--concurrency and --stability go with --perf-analyzer")
     if a.max_requests is None:
         a.max_requests = 1000 if a.perf_analyzer else 100_000
     settings = LoadSettings(clients=a.clients, seconds=a.seconds, max_requests=a.max_requests,
@@ -242,8 +244,11 @@ def cmd_loadtest(a) -> int:
 
         http_url_of(a.url)
         find_perf_analyzer()  # not installed: one line and exit 2, here, before anything runs
-        job.perf = PerfSettings(concurrency=tuple(dict.fromkeys(a.concurrency)), requests=a.max_requests,
-                                stability=a.stability)
+        job.perf = PerfSettings(requests=a.max_requests)
+        if a.concurrency:
+            job.perf.concurrency = tuple(dict.fromkeys(a.concurrency))
+        if a.stability:
+            job.perf.stability = a.stability
     if a.compare_batching:
         job.compare = CompareSettings(max_batch=a.max_batch, instances=a.instances, threads=a.threads,
                                       queue_delay_us=a.queue_delay_us, protocol=a.protocol, workdir=a.workdir)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...errors import BackendUnavailable, InputError
+from ..triton.server import ServerError
 from ..triton.env import SETUP_HINT, triton_venv
 
 ENV_VAR = "MSAR_PERF_ANALYZER"  # a perf_analyzer binary to use instead of .venv-triton's
@@ -85,14 +86,18 @@ def read_csv(path: Path) -> dict:
             "latency_ms": {"p50": round(int(r["p50 latency"]) / 1e3, 2), "p99": round(int(r["p99 latency"]) / 1e3, 2)}}
 
 
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
+def _get(url: str, hint: str = "") -> dict:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
+        raise ServerError(f"{url}: {e}{hint}") from None
 
 
 def front_stats(http_url: str) -> dict:
     """The validating front's counters per protocol (front.py)."""
-    return _get(f"{http_url}/v2/front/stats")
+    return _get(f"{http_url}/v2/front/stats", " (--perf-analyzer needs a server that `msar-export serve` "
+                                               "of this version started)")
 
 
 def _success_fail(http_url: str, model: str) -> tuple[int, int]:

@@ -91,6 +91,10 @@ class BoundedHTTPServer(http.server.ThreadingHTTPServer):
     longest without a request in progress is closed to make room (see MAX_CONNECTIONS)."""
 
     daemon_threads = True
+    # The listen backlog (socketserver's default is 5): perf_analyzer opens its 16 connections at
+    # once, the kernel's accept queue overflowed (TcpExtListenOverflows) and 2 of 3 runs at
+    # concurrency 16 failed with "Failure when receiving data from the peer".
+    request_queue_size = MAX_CONNECTIONS
 
     def __init__(self, *args, max_connections: int = MAX_CONNECTIONS, **kw):
         super().__init__(*args, **kw)
