@@ -156,3 +156,27 @@ def test_idle_connections_time_out(monkeypatch):
         assert time.monotonic() - t0 < 3
     finally:
         srv.shutdown()
+
+
+def test_front_counts_what_it_passed_on_and_what_it_refused(fronted):
+    """GET /v2/front/stats (answered by the front itself, never forwarded): the counters
+    `loadtest --perf-analyzer` judges a run by."""
+    base, seen, _ = fronted
+
+    def stats():
+        c = http.client.HTTPConnection("127.0.0.1", int(base.rsplit(":", 1)[1]), timeout=10)
+        c.request("GET", "/v2/front/stats")
+        r = c.getresponse()
+        out = r.status, json.loads(r.read())
+        c.close()
+        return out
+
+    status, before = stats()
+    assert status == 200 and before["http"] == {"answered": 0, "infer_answered": 0, "refused": 0, "upstream_errors": 0}
+    assert _post(base, "/v2/models/logits/infer", GOOD)[0] == 200
+    assert _post(base, "/v2/models/logits/infer", GOOD.replace(b"[1, 4]", b"[1, 5]"))[0] == 400  # 4 values, 5 elements
+    _, after = stats()
+    assert after["http"] == {"answered": 1, "infer_answered": 1, "refused": 1, "upstream_errors": 0}, after
+    assert after["grpc"] == before["grpc"] and len(seen) == 1
+    assert _post(base, "/v2/front/stats", b"")[0] == 405  # read-only
+

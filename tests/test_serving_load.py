@@ -83,3 +83,7 @@ def test_load_job_travels_to_the_triton_venv_as_json():
     assert LoadJob.from_json(job.to_json()) == job
     plain = LoadJob(urls=["grpc://[::1]:2"], settings=LoadSettings())
     assert LoadJob.from_json(plain.to_json()) == plain
+    from msar_export.serving.load.perf_analyzer import PerfSettings
+
+    perf = LoadJob(urls=["http://127.0.0.1:1"], settings=LoadSettings(), perf=PerfSettings((2, 8), 90, 40.0))
+    assert LoadJob.from_json(perf.to_json()) == perf and perf != plain

@@ -10,7 +10,8 @@
   (scripts/setup_triton_env.sh), started on 127.0.0.1 behind a validating front and
   stopped cleanly; tritonclient over HTTP and gRPC.
 - `load/`: a bounded load test whose every answer is judged (float64 eager with
-  `--checkpoint`, else the served file at batch 1), with malformed requests mixed in.
+  `--checkpoint`, else the served file at batch 1), with malformed requests mixed in, and
+  Triton's perf_analyzer beside it (`perf_analyzer.py`).
 - `sources.py`: what to serve (a checkpoint, exported once, or ONNX files); `cli.py`:
   the `triton-repo`, `serve` and `loadtest` commands over all of this.
 

@@ -27,6 +27,15 @@ bound of the eager float64 run (--checkpoint) or within --rtol of the served gra
 at batch 1, generated tokens equal to greedy ONNX Runtime decoding; 1 errors or
 mismatches; 2 bad usage.
 Runs in .venv-triton (tritonclient) when this environment lacks tritonclient.
+
+--perf-analyzer: at each --concurrency level, over each --url's protocol and for each
+of --models, Triton's perf_analyzer (installed in .venv-triton by
+scripts/setup_triton_env.sh) measures in windows of --max-requests/3 requests until
+three agree within --stability percent, then this load test sends --max-requests
+(default 1000 here) with as many clients; both use the same prompts.  perf_analyzer's
+figures are read from its CSV report.
+Give the server's HTTP URL among the --url (the front's refusal counters are read there).
+Exit 1 also when the front refused any of its requests, or Triton did not answer each.
 """
 
 
@@ -80,7 +89,8 @@ def register(subparsers) -> None:
     _serving_options(t)
     t.add_argument("--clients", type=CLIENTS, default=16)
     t.add_argument("--seconds", type=SECONDS, default=30.0)
-    t.add_argument("--max-requests", type=COUNT, default=100_000)
+    t.add_argument("--max-requests", type=COUNT, default=None,
+                   help="per run (default 100000; with --perf-analyzer: 1000 per tool and concurrency level)")
     t.add_argument("--models", default="logits,generate", help="comma-separated: logits, generate")
     t.add_argument("--min-len", type=COUNT, default=8)
     t.add_argument("--max-len", type=COUNT, default=128)
@@ -100,6 +110,13 @@ def register(subparsers) -> None:
     t.add_argument("--onnx", help="reference prefill graph (default: the file the server loaded)")
     t.add_argument("--decode-onnx", help="reference decode graph (default: the file the server loaded)")
     t.add_argument("--json", metavar="OUT.json", help="write the report here (atomically)")
+    t.add_argument("--perf-analyzer", action="store_true",
+                   help="also run Triton's perf_analyzer at each --concurrency level, figures side by side")
+    t.add_argument("--concurrency", type=CLIENTS, nargs="+", default=None, metavar="N",
+                   help="with --perf-analyzer: concurrency levels (default 1 4 16)")
+    t.add_argument("--stability", type=POSITIVE, default=None, metavar="PERCENT",
+                   help="with --perf-analyzer: the spread it accepts between its last three measurement "
+                        "windows (its -s; default 25)")
     t.set_defaults(func=cmd_loadtest)
 
 
@@ -191,6 +208,12 @@ def cmd_loadtest(a) -> int:
 
     if bool(a.url) == bool(a.compare_batching):
         raise InputError("give --url URL (a running server) or --compare-batching CKPT|MODEL.onnx, not both")
+    if a.perf_analyzer and a.compare_batching:
+        raise InputError("--perf-analyzer runs against a running server: give --url, not --compare-batching")
+    if not a.perf_analyzer and (a.concurrency or a.stability):
+        raise InputError("--concurrency and --stability go with --perf-analyzer")
+    if a.max_requests is None:
+        a.max_requests = 1000 if a.perf_analyzer else 100_000
     settings = LoadSettings(clients=a.clients, seconds=a.seconds, max_requests=a.max_requests,
                             models=tuple(m.strip() for m in a.models.split(",") if m.strip()), min_len=a.min_len,
                             max_len=a.max_len, new_tokens=a.new_tokens, pool=a.pool, seed=a.seed, rtol=a.rtol,
@@ -216,6 +239,16 @@ def cmd_loadtest(a) -> int:
                              "a --decode export), or pass --models logits")
     job = LoadJob(urls=list(a.url), settings=settings, json_out=str(Path(a.json).absolute()) if a.json else None,
                   prefill=_absolute(prefill or a.onnx), decode=_absolute(decode or a.decode_onnx))
+    if a.perf_analyzer:
+        from .load.perf_analyzer import PerfSettings, find_perf_analyzer, http_url_of
+
+        http_url_of(a.url)
+        find_perf_analyzer()  # not installed: one line and exit 2, here, before anything runs
+        job.perf = PerfSettings(requests=a.max_requests)
+        if a.concurrency:
+            job.perf.concurrency = tuple(dict.fromkeys(a.concurrency))
+        if a.stability:
+            job.perf.stability = a.stability
     if a.compare_batching:
         job.compare = CompareSettings(max_batch=a.max_batch, instances=a.instances, threads=a.threads,
                                       queue_delay_us=a.queue_delay_us, protocol=a.protocol, workdir=a.workdir)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .loadtest import CompareSettings, LoadSettings, compare_batching, format_report, run_failed, run_load
+from .perf_analyzer import PerfSettings
 
 
 @dataclass
@@ -22,6 +23,7 @@ class LoadJob:
     prefill: str | None = None  # the graphs served (compare) or the reference files (default: the server's)
     decode: str | None = None
     json_out: str | None = None
+    perf: PerfSettings | None = None  # run Triton's perf_analyzer beside the load test at each concurrency
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -31,13 +33,21 @@ class LoadJob:
         d = json.loads(text)
         s = d.pop("settings")
         c = d.pop("compare")
+        p = d.pop("perf", None)
         return cls(settings=LoadSettings(**{**s, "models": tuple(s["models"])}),
-                   compare=CompareSettings(**c) if c else None, **d)
+                   compare=CompareSettings(**c) if c else None,
+                   perf=PerfSettings(**{**p, "concurrency": tuple(p["concurrency"])}) if p else None, **d)
 
 
 def run_job(job: LoadJob, say=print) -> int:
     """Run it, print the reports, write the JSON report; 1 if anything failed."""
-    if job.compare is not None:
+    if job.perf is not None:
+        from . import perf_analyzer as pa
+
+        result = pa.compare(job.urls, job.settings, job.perf, job.prefill, job.decode, say=lambda m: print(m, flush=True))
+        print(pa.format_table(result))
+        failed = pa.failed(result)
+    elif job.compare is not None:
         result = compare_batching(job.prefill, job.decode, job.settings, job.compare, progress=say)
         print(f"dynamic batching vs batch-1 at {job.settings.clients} clients: "
               f"throughput x{result['speedup_throughput']}")

@@ -13,6 +13,9 @@ puts tritonserver on private loopback ports and this process on the public ones:
   binary size exactly elements x element size, the binary parts adding up to the
   body.  Anything else is 400 with one line; good requests go through unchanged.
 - gRPC: the same rules on ModelInferRequest (raw contents or typed contents).
+- `GET /v2/front/stats` answers this front's own counters per protocol: requests answered
+  by Triton (infer requests among them), refused here, and answered with an error by Triton
+  (or not at all), so a load generator's run can be shown to have had none refused.
 - A reply saying the backend stub is no longer healthy makes this front exit with
   status 3 and one line, so `serve` stops the server instead of answering errors
   forever behind a "ready" health check.
@@ -47,6 +50,7 @@ IDLE_S = 15.0
 MAX_CONNECTIONS = 256
 # Headers that two parsers may read differently when repeated (the first or the last).
 SINGLE_HEADERS = ("content-length", "inference-header-content-length", "transfer-encoding", "host")
+OUTCOMES = ("answered", "infer_answered", "refused", "upstream_errors")
 
 
 # -- the processes -----------------------------------------------------------------------
@@ -61,6 +65,20 @@ class Front:
         self.upstream_header = upstream_header
         self.dead = threading.Event()
         self.why = ""
+        self.lock = threading.Lock()
+        self.counts = {p: dict.fromkeys(OUTCOMES, 0) for p in ("http", "grpc")}
+
+    def count(self, protocol: str, outcome: str, infer: bool = False) -> None:
+        with self.lock:
+            self.counts[protocol][outcome] += 1
+            if infer and outcome == "answered":
+                self.counts[protocol]["infer_answered"] += 1
+
+    def stats(self, turned_away: int = 0) -> dict:
+        with self.lock:
+            out = {p: dict(c) for p, c in self.counts.items()}
+        out["http"]["refused"] += turned_away  # connections refused at the cap (503) are refusals too
+        return out
 
     def stub_died(self, text: str) -> None:
         if STUB_DEAD.search(text) and not self.dead.is_set():
@@ -73,18 +91,24 @@ class BoundedHTTPServer(http.server.ThreadingHTTPServer):
     longest without a request in progress is closed to make room (see MAX_CONNECTIONS)."""
 
     daemon_threads = True
+    # The listen backlog (socketserver's default is 5): perf_analyzer opens its 16 connections at
+    # once, the kernel's accept queue overflowed (TcpExtListenOverflows) and 2 of 3 runs at
+    # concurrency 16 failed with "Failure when receiving data from the peer".
+    request_queue_size = MAX_CONNECTIONS
 
     def __init__(self, *args, max_connections: int = MAX_CONNECTIONS, **kw):
         super().__init__(*args, **kw)
         self.max_connections = max_connections
         self.lock = threading.Lock()
         self.live: dict = {}  # socket -> monotonic time it became idle, or None while busy
+        self.turned_away = 0
 
     def process_request(self, request, client_address):
         with self.lock:
             if len(self.live) >= self.max_connections:
                 idle = [(t, sock) for sock, t in self.live.items() if t is not None]
                 if not idle:
+                    self.turned_away += 1
                     request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
                                     b"Content-Length: 0\r\n\r\n")
                     self.shutdown_request(request)
@@ -138,6 +162,7 @@ def http_handler(front: Front):
             self.wfile.write(body)
 
         def _refuse(self, code: int, msg: str, close: bool = False):
+            front.count("http", "refused" if code < 500 else "upstream_errors")
             if close:
                 self.close_connection = True
             self._reply(code, json.dumps({"error": msg}).encode(), [("Content-Type", "application/json")]
@@ -166,6 +191,7 @@ def http_handler(front: Front):
                         return self._refuse(502, f"tritonserver did not answer ({type(e).__name__})")
             if r.status >= 400:
                 front.stub_died(data.decode(errors="replace"))
+            front.count("http", "answered" if r.status < 400 else "upstream_errors", infer=self.command == "POST")
             self._reply(r.status, data, [(k, v) for k, v in r.getheaders() if k.lower() not in hop])
 
         def _allowed(self) -> str | None:
@@ -183,7 +209,11 @@ def http_handler(front: Front):
             return kind
 
         def do_GET(self):
-            if self._allowed():
+            kind = self._allowed()
+            if kind == "front":
+                self._reply(200, json.dumps(front.stats(self.server.turned_away)).encode(),
+                            [("Content-Type", "application/json")])
+            elif kind:
                 self._forward(None)
 
         def do_HEAD(self):  # never allowed: refused by http_route with 405, not BaseHTTPRequestHandler's 501 page
@@ -235,6 +265,7 @@ def serve_grpc(front: Front, port: int):
         def service(self, details):
             method = details.method
             if grpc_allowed(method, None, front.models) is not None:
+                front.count("grpc", "refused")
                 return None  # streaming, shared memory, repository, trace, logging: UNIMPLEMENTED
             call = channel.unary_unary(method)
             extra = (front.upstream_header,) if front.upstream_header else ()
@@ -242,17 +273,22 @@ def serve_grpc(front: Front, port: int):
             def handle(raw, context):
                 why = grpc_allowed(method, raw, front.models)
                 if why is not None:
+                    front.count("grpc", "refused")
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
                 if method.endswith("/ModelInfer"):
                     try:
                         check_grpc_infer(raw, front.max_elements)
                     except Refused as e:
+                        front.count("grpc", "refused")
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 try:
-                    return call(raw, timeout=600, metadata=(*context.invocation_metadata(), *extra))
+                    reply = call(raw, timeout=600, metadata=(*context.invocation_metadata(), *extra))
                 except grpc.RpcError as e:
+                    front.count("grpc", "upstream_errors")
                     front.stub_died(e.details() or "")
                     context.abort(e.code(), e.details() or "")
+                front.count("grpc", "answered", infer=method.endswith("/ModelInfer"))
+                return reply
 
             return grpc.unary_unary_rpc_method_handler(handle)
 

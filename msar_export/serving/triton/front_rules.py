@@ -34,12 +34,16 @@ STUB_DEAD = re.compile(r"Stub process .* is not healthy|stub process .* died", r
 _NAME = r"[A-Za-z0-9_.-]{1,128}"
 _MODEL = re.compile(rf"^/v2/models/(?P<model>{_NAME})(?:/versions/[0-9]{{1,9}})?(?P<rest>/ready|/config|/stats|/infer)?$")
 HTTP_OPEN = {"/v2", "/v2/health/live", "/v2/health/ready"}  # GET, no model named
+FRONT_STATS = "/v2/front/stats"  # GET: the front's own counters (answered by the front, never forwarded)
 # Fields of a KServe v2 JSON request that the checks below understand; any other is refused.
 REQUEST_KEYS = {"id", "inputs", "outputs", "parameters"}
 INPUT_KEYS = {"name", "shape", "datatype", "data", "parameters"}
 OUTPUT_KEYS = {"name", "parameters"}
 PARAMETERS = {"request": {"binary_data_output"}, "input": {"binary_data_size"}, "output": {"binary_data"}}
 GRPC_OPEN = {"ServerLive", "ServerReady", "ServerMetadata"}
+# The one request parameter let through: Triton's C++ client (perf_analyzer) sends it with every
+# gRPC ModelInfer; it only shapes the responses of decoupled (streaming) models, which we do not serve.
+GRPC_REQUEST_PARAMETERS = {"triton_enable_empty_final_response": "bool_param"}
 GRPC_MODEL = {"ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics", "ModelInfer"}
 
 
@@ -59,6 +63,8 @@ def http_route(method: str, target: str, models) -> str:
         raise Refused("the request target must be a plain path, without a query or escapes")
     if target in HTTP_OPEN:
         kind = "read"
+    elif target == FRONT_STATS:
+        kind = "front"
     else:
         m = _MODEL.match(target)
         if m is None:
@@ -212,7 +218,8 @@ def check_grpc_infer(raw: bytes, max_elements: int) -> None:
     except Exception:
         raise Refused("the request is not a ModelInferRequest") from None
     # Parameters carry shared-memory regions, sequence control and priorities: none is checked here.
-    if req.parameters or any(t.parameters for t in [*req.inputs, *req.outputs]):
+    odd = [k for k, v in req.parameters.items() if v.WhichOneof("parameter_choice") != GRPC_REQUEST_PARAMETERS.get(k)]
+    if odd or any(t.parameters for t in [*req.inputs, *req.outputs]):
         raise Refused("request parameters (shared memory, sequences, priorities) are not accepted by this server")
     if not req.inputs:
         raise Refused("the request has no inputs")
