@@ -130,6 +130,7 @@ VIEWS_CASES = [  # (kernels, B, T, d)
     ([1, 3, 5], 3, 70, 130),        # three tiles of tokens, d past one vector row
     ([1, 2, 3, 4, 5, 6, 7, 8], 1, 5, 16),  # eight streams, fewer tokens than the longest kernel
     ([1, 17, 5], 1, 9, 24),         # a kernel longer than the rest
+    ([1, 4, 8, 12], 8, 1, 64),      # a batch-8 decode step, float32 rows read in place (whole vectors)
 ]
 
 

@@ -1,6 +1,7 @@
 /*
  * SourceViews on the CPU: one work item is one (batch row, tile of tokens). The tile's window rows
- * (kmax-1 before it, then its own) are converted to float32 once; every stream reads them from L1,
+ * (kmax-1 before it, then its own) are converted to float32 once (float32 rows of whole vectors are
+ * read in place); every stream reads them from L1,
  * and each output row is written once, view by view, in the [B, T, m, d] layout DepthRetrieval reads.
  */
 #include "cpuKernels.h"
@@ -19,7 +20,9 @@ struct Prepared
 {
     SourceViewsProblem const* p;
     int64_t dp, kmax, tiles;
-    std::vector<float> taps;  // [K][dp]
+    bool inPlace;               // float32 rows of whole vectors: window and taps read where they lie
+    std::vector<float> copied;  // [K][dp] when not in place
+    float const* taps;          // [K][dp]
 };
 
 thread_local std::vector<float> tWindow, tOut;
@@ -38,16 +41,25 @@ void tile(Prepared const& P, int64_t item)
     {
         tOut.resize(dp);
     }
-    // window row kmax-1+t is token t; this tile's rows start at window row t0
+    // window row kmax-1+t is token t; this tile's rows start at window row t0. float32 rows of whole
+    // vectors are read where they lie (a decode step's copies cost more than its arithmetic).
     int64_t const base = (b * (P.kmax - 1 + p.T) + t0) * d;
-    for (int64_t i = 0; i < span; ++i)
+    float const* win = tWindow.data();
+    if (P.inPlace)
     {
-        loadRow(tWindow.data() + i * dp, p.window, base + i * d, d, dp, p.storage);
+        win = static_cast<float const*>(p.window) + base;
+    }
+    else
+    {
+        for (int64_t i = 0; i < span; ++i)
+        {
+            loadRow(tWindow.data() + i * dp, p.window, base + i * d, d, dp, p.storage);
+        }
     }
     for (int64_t t = 0; t < rows; ++t)
     {
         int64_t const out = ((b * p.T + t0 + t) * m) * d;
-        float const* self = tWindow.data() + (P.kmax - 1 + t) * dp;
+        float const* self = win + (P.kmax - 1 + t) * dp;
         storeRow(p.views, out, self, d, p.storage);
         int64_t offset = 0;
         for (int64_t r = 1; r < m; ++r)
@@ -59,7 +71,7 @@ void tile(Prepared const& P, int64_t item)
                 vf acc = vf{};
                 for (int64_t j = 0; j < k; ++j)
                 {
-                    acc += vload(P.taps.data() + (offset + j) * dp + c) * vload(first + j * dp + c);
+                    acc += vload(P.taps + (offset + j) * dp + c) * vload(first + j * dp + c);
                 }
                 vstore(tOut.data() + c, acc);
             }
@@ -79,11 +91,20 @@ void sourceViews(SourceViewsProblem const& p, Parallel const& parallel)
         K += p.kernels[r];
         kmax = std::max<int64_t>(kmax, p.kernels[r]);
     }
-    Prepared P{&p, padded(p.d), kmax, (p.T + kTile - 1) / kTile, {}};
-    P.taps.assign(K * P.dp, 0.F);
-    for (int64_t j = 0; j < K; ++j)
+    int64_t const dp = padded(p.d);
+    Prepared P{&p, dp, kmax, (p.T + kTile - 1) / kTile, p.storage == Storage::kFloat32 && dp == p.d, {}, nullptr};
+    if (P.inPlace)
     {
-        loadRow(P.taps.data() + j * P.dp, p.conv_weight, j * p.d, p.d, P.dp, p.storage);
+        P.taps = static_cast<float const*>(p.conv_weight);
+    }
+    else
+    {
+        P.copied.assign(K * dp, 0.F);
+        for (int64_t j = 0; j < K; ++j)
+        {
+            loadRow(P.copied.data() + j * dp, p.conv_weight, j * p.d, p.d, dp, p.storage);
+        }
+        P.taps = P.copied.data();
     }
     // A decode step's views (a few rows) are over in microseconds: the pool would cost more.
     std::size_t const batch = p.B * p.T <= 8 ? 1 : 0;
