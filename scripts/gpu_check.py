@@ -59,9 +59,10 @@ RETRIEVAL = [(97, 1, 1, 4, 4096), (97, 64, 1, 4, 4096), (13, 1, 1, 4, 1024), (3,
 # SMs); then the token sweep to 65,536 at n = 25, d = 2048.
 PREFILL = [(97, MAIN, 1, T, 4096) for T in (16, 1024, 1056, 1057)]
 PREFILL += [(25, MAIN, 1, T, 2048) for T in (256, 1024, 4096, 16384, 65536)]
-# Decode retrieval (n, B, m, d) in the views dtype the decode export uses (float32, docs/kernels.md).
+# Decode retrieval (n, B, m, d) in the views dtype a bfloat16 model's decode export stores: the model's
+# (docs/kernels.md, decode views' storage dtype), as the prefill rows' bfloat16.
 DECODE = [(97, B, 4, 4096) for B in (1, 4, 16, 64)]
-DECODE_DTYPE = torch.float32
+DECODE_DTYPE = torch.bfloat16
 TIME_BUDGET_S = 150  # stop starting timed cases after this: gpu_check.sh keeps ~4 minutes for sanitizers and ncu
 # --dry-run: the same timing code on the CPU at shapes the emulation runs in seconds.
 DRY_PREFILL = [(3, MAIN, 1, 2, 32), (3, MAIN, 2, 3, 32)]

@@ -1,6 +1,6 @@
-"""What storing the decode graph's views in bfloat16 (or float16) instead of float32 would cost in accuracy
-(issue 23, defect 7): DepthRetrieval over the same views, stored in each dtype, against the float64
-reference over the float32 views the decode graph holds today, on
+"""What storing the decode graph's views in bfloat16 (or float16) instead of float32 costs in accuracy
+(issue 23, defect 7: why the export stores them in the model's dtype): DepthRetrieval over the same
+views, stored in each dtype, against the float64 reference over the views as computed (float32), on
 - the CUDA kernel's source run on the CPU emulation (plugins/tests/cudaHostEmulation.h),
 - ONNX Runtime's native msar kernel and the op's function body,
 next to what a bfloat16 graph loses anyway (the exact output rounded to bfloat16) and the bar every
@@ -32,7 +32,7 @@ IR = {torch.float32: ir.DataType.FLOAT, torch.float16: ir.DataType.FLOAT16, torc
 
 
 def checkpoint_cases(path: Path, prompt: bytes):
-    """(name, query, views) per mixer of the checkpoint at the prompt's last token, views float32 as decode has them."""
+    """(name, query, views) per mixer of the checkpoint at the prompt's last token, views float32 as computed."""
     model = load_checkpoint(path).float().eval()
     views: dict[int, torch.Tensor] = {}
     hooks = [model.sources[str(i)].register_forward_hook(lambda mod, a, out, i=i: views.__setitem__(i, out))

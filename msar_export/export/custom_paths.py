@@ -88,7 +88,7 @@ class RetrievalOpPath(EagerDepthPath):
     """attnres (prefill and decode), msar decode and msar `--mixer-op retrieval`: each source
     is expanded once (msar: one SourceViews node over its window, from the conv state when
     decoding), each mixer is a DepthRetrieval node, and msar's scalar gate fusion one
-    StreamGate node.  msar's views are in the model's dtype (docs/kernels.md, view dtype)."""
+    StreamGate node.  Every view is in the model's dtype (docs/kernels.md, view dtype)."""
 
     conv_op = True
 
@@ -107,7 +107,11 @@ class RetrievalOpPath(EagerDepthPath):
         return source_views_op(self.conv_taps[i], window, self.model.cfg)
 
     def add_source(self, i, x):
-        self.views.append(self.expand(i, x))  # no keys: the op normalises them itself
+        # No keys: the op normalises them itself. Views in the model's dtype, as SourceViews makes msar's
+        # (docs/kernels.md, decode views' storage dtype): attnres's identity view is the source itself, so
+        # this loses no bit and halves DepthRetrieval's bytes; a float32 model's views are float32 already
+        # (no Cast, the graph unchanged).
+        self.views.append(self.expand(i, x).to(self.model.dtype))
 
     def mix(self, l):
         mixer, cfg = self.model.mixers[str(l)], self.model.cfg
