@@ -128,7 +128,7 @@ def _edited_graph(onnx_path, dst, **config_changes):
 
 @pytest.mark.parametrize("case", ["missing-checkpoint", "not-onnx", "empty-file", "no-msar-metadata",
                                   "vocab-mismatch", "decode-graph", "missing-engine", "missing-plugin",
-                                  "short-shapes"])
+                                  "short-shapes", "dtype-an-engine-built-here-cannot-run"])
 def test_bad_input_exits_2_with_one_line(case, faithful, tmp_path, capsys):
     ckpt, onnx_path, cfg = faithful
     args = [str(ckpt), "--onnx", str(onnx_path), "--no-trt"]
@@ -162,6 +162,8 @@ def test_bad_input_exits_2_with_one_line(case, faithful, tmp_path, capsys):
         args += ["--plugins", str(tmp_path / "libmsar.so")]
     elif case == "short-shapes":
         args += ["--shapes", "2x3"]
+    elif case == "dtype-an-engine-built-here-cannot-run":  # on every machine, with or without TensorRT
+        args = args[:3] + ["--dtype", "float16"]
     rc = main(["check", *args])
     err = capsys.readouterr().err
     assert_one_line_error(rc, err)
