@@ -1,8 +1,8 @@
 """One metric and one tolerance model for every numerical comparison.
 
-Metric, for one output over a whole seeded input set:
+Metric, for one output over a whole seeded input set (`rel_err`, `discrepancy`):
 
-    error(got, ref) = max |got - ref| / max |ref|          (float64; inf if got is not finite)
+    error(got, ref) = max |got - ref| / max |ref|          (float64; inf if a value is not finite)
 
 Reference: the eager PyTorch model run in **float64**.  A fixed tolerance
 between two float32 implementations cannot work at depth: float32 eager is
@@ -46,15 +46,43 @@ FLOOR = {"float32": 128 * UNIT_ROUNDOFF["float32"], "float16": 8 * UNIT_ROUNDOFF
 SAME_GRAPH = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
 
+@dataclass(frozen=True)
+class Discrepancy:
+    """One output against its reference over a whole input set: the metric's two halves."""
+
+    max_abs: float  # max |got - ref| over every batch (over the finite ones: see `finite`)
+    ref_max_abs: float  # max |ref| over every batch: the metric's denominator
+    finite: bool  # every value of `got` and `ref` is finite
+
+    @property
+    def rel_err(self) -> float:
+        """The metric: max_abs / ref_max_abs; inf when a value is NaN or Inf."""
+        if not self.finite:
+            return float("inf")
+        return self.max_abs / max(self.ref_max_abs, 1e-30)
+
+
+def discrepancy(pairs) -> Discrepancy:
+    """The metric over (got, ref) pairs of arrays (batches of different shapes), in float64:
+    one output over a seeded input set is judged by its worst batch against its largest
+    reference value, so one absolute bound per output holds for every batch."""
+    max_abs, ref_max, finite = 0.0, 0.0, True
+    for got, ref in pairs:
+        got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+        if got.shape != ref.shape:
+            raise ValueError(f"shapes differ: {got.shape} vs reference {ref.shape}")
+        ref_max = float(np.max([ref_max, np.abs(ref).max()]))  # NaN propagates
+        if not (np.isfinite(got).all() and np.isfinite(ref).all()):
+            finite = False
+            continue
+        max_abs = max(max_abs, float(np.abs(got - ref).max()))
+    return Discrepancy(max_abs, ref_max, finite)
+
+
 def rel_err(got, ref) -> float:
     """max |got - ref| / max |ref| in float64; inf when `got` or `ref` has a NaN or Inf
     (a NaN reference is no reference: nothing can be judged close to it)."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    if got.shape != ref.shape:
-        raise ValueError(f"shapes differ: {got.shape} vs reference {ref.shape}")
-    if not (np.isfinite(got).all() and np.isfinite(ref).all()):
-        return float("inf")
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+    return discrepancy([(got, ref)]).rel_err
 
 
 def bound(eager_error: float, precision: str) -> float:

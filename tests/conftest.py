@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -73,12 +72,6 @@ def load_tensors(path: Path) -> dict:
 
 def load_cfg(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
-
-
-def rel_err(got, ref) -> float:
-    """max abs error over max abs reference (the project's parity metric)."""
-    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
 
 
 # The helper modules' session fixtures, registered once here: a test module that imports a fixture by

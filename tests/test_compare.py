@@ -4,6 +4,7 @@ with exit 1 and names the first layer it corrupts, bad input exits 2."""
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from pathlib import Path
 
@@ -19,10 +20,11 @@ from msar_export.compare import check_parity
 from msar_export.compare.inputs import check_shapes, default_shapes, parse_shapes, token_batches
 from msar_export.compare.parity import REFERENCE, compare_backend
 from msar_export.compare.tolerances import Tolerance, fixed, looser
-from msar_export.errors import InputError
+from msar_export.errors import BackendUnavailable, InputError
 from msar_export.export import ExportOptions, export_model
 from msar_export.runners.common import layer_order
-from msar_export.runners.trt import tensorrt_unavailable
+from msar_export.runners.trt import tensorrt_unavailable, trt_runner_from_onnx
+from msar_export.verdict import rel_err
 
 PYTHON = sys.executable
 POLYGRAPHY = str(Path(sys.executable).parent / "polygraphy")
@@ -97,7 +99,7 @@ def test_faithful_export_passes(faithful):
     assert result.passed and result.exit_code == 0, ort
     assert [lr.name for lr in ort.layers] == layer_order(load_checkpoint(ckpt).cfg)
     assert all(lr.passed and lr.error < 1e-5 for lr in ort.layers)
-    assert all(lr.max_abs is not None and lr.max_rel is not None for lr in ort.layers)
+    assert all(lr.max_abs is not None and lr.max_elementwise_rel is not None for lr in ort.layers)
     trt = result.backend("tensorrt")
     why = tensorrt_unavailable()
     if why is None:
@@ -176,7 +178,7 @@ def test_negative_control_wrong_weights_are_caught(faithful, tmp_path):
 
 @pytest.fixture(scope="module")
 def reference(faithful):
-    from msar_export.compare.parity import run_runner
+    from msar_export.compare.runs import run_runner
     from msar_export.runners.eager import ModelFromCheckpoint, TorchRunner
 
     cfg = load_checkpoint(faithful[0]).cfg
@@ -227,6 +229,83 @@ def test_names_are_matched_exactly_not_by_polygraphy_substring_rules(reference):
     res = compare_backend(ref, got, layer_order(cfg), FIXED, "fake", "float32")
     assert res.layer("hidden.1").status == "fail"
 
+
+
+def _one_output(ref, got):
+    from polygraphy.comparator import IterationResult
+
+    return ([IterationResult(outputs={"logits": ref}, runner_name="ref")],
+            [IterationResult(outputs={"logits": got}, runner_name="fake")])
+
+
+def test_verdict_and_reason_come_from_the_one_metric():
+    """An error exactly at its tolerance passes (verdict.within: error <= tolerance).  When a
+    second comparator (Polygraphy's, atol = tolerance * max|ref|, which rounds below max|diff|
+    here) decided as well, this failed with the reason 'error 0.00443 > tolerance 0.00443'."""
+    ref = np.array([[[1.0, -7.0]]])
+    got = ref + np.array([[[0.031, 0.0]]])
+    error = rel_err(got, ref)
+    lr = compare_backend(*_one_output(ref, got), ["logits"], fixed(error), "onnxrt", "float32").layers[0]
+    assert lr.passed and lr.error == error, lr.reason
+    # Control: one ulp tighter it fails, and the reason's two numbers read as a true statement.
+    bad = compare_backend(*_one_output(ref, got), ["logits"], fixed(np.nextafter(error, 0)), "onnxrt",
+                          "float32").layers[0]
+    assert bad.status == "fail"
+    x, y = re.fullmatch(r"error (\S+) > tolerance (\S+)", bad.reason).groups()
+    assert float(x) > float(y), bad.reason
+    inf = compare_backend(*_one_output(ref, got), ["logits"], fixed(np.inf), "onnxrt", "float32").layers[0]
+    assert inf.status == "fail" and "not a finite bound" in inf.reason
+
+
+def test_an_engine_built_here_computes_in_the_graphs_precision(faithful):
+    """The network is strongly typed, so an engine built from the graph computes in the graph's
+    precision: trt_runner_from_onnx refuses another `precision` (it used to ignore it) before
+    TensorRT is imported, and `check --dtype` below the graph's, without --engine, is refused on
+    every machine (it judged a float32 engine by float16 bounds where TensorRT ran)."""
+    ckpt, onnx_path, _ = faithful
+    with pytest.raises(InputError, match="strongly typed"):
+        trt_runner_from_onnx(onnx_path, ["logits"], "float16", (1, 9))
+    with pytest.raises(InputError, match="strongly typed"):
+        check_parity(ckpt, onnx_path, dtype="float16", shapes=[(1, 9)])
+    # Control: the graph's own precision gets past the check, to TensorRT itself (lazy: nothing is built).
+    try:
+        assert trt_runner_from_onnx(onnx_path, ["logits"], "float32", (1, 9)) is not None
+    except BackendUnavailable:
+        assert tensorrt_unavailable() is not None
+
+
+def test_bounds_at_a_lower_precision_convert_the_model_in_memory(faithful, tmp_path, monkeypatch):
+    """A float16 graph's bounds come from the eager model at float16: the float32 model is
+    converted in memory, the checkpoint is read once (it was read again, at float16)."""
+    import msar_export.checkpoint as checkpoint
+
+    ckpt, onnx_path, _ = faithful
+    proto = onnx.load(str(onnx_path))
+    for prop in proto.metadata_props:
+        if prop.key == "msar.dtype":
+            prop.value = "float16"  # a float32 graph labelled float16: judged at float16's bounds
+    labelled = tmp_path / "labelled-fp16.onnx"
+    onnx.save(proto, str(labelled))
+    reads, real = [], checkpoint.load_checkpoint
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: reads.append(k.get("dtype")) or real(*a, **k))
+    ort = check_parity(ckpt, labelled, tensorrt=False, shapes=[(1, 9), (2, 12)]).backend("onnxrt")
+    assert reads == [torch.float32], reads
+    assert ort.passed and ort.precision == "float16" and "eager float16" in ort.tolerance.source
+    # the bound's eager run was at float16 (float32's own error here is ~1e-7)
+    assert all(lr.eager_error > 1e-5 for lr in ort.layers), [lr.eager_error for lr in ort.layers]
+
+
+def test_at_precision_is_the_model_load_checkpoint_reads(faithful):
+    from msar_export.compare.runs import at_precision
+
+    ckpt = faithful[0]
+    model = load_checkpoint(ckpt, dtype=torch.float32)
+    for precision in ("float16", "bfloat16"):
+        low, read = at_precision(model, precision), load_checkpoint(ckpt, dtype=getattr(torch, precision))
+        assert low.dtype == getattr(torch, precision)
+        got, want = low.state_dict(), read.state_dict()
+        assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert model.dtype == torch.float32  # converted into a new model, not in place
 
 # Trained weights are the slow tier's: check_parity on a prefill graph runs in test_faithful_export_passes, and
 # trained weights through the exporter in test_export.py::test_prefill_graph_matches_float64_reference[trained-prefill].

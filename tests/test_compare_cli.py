@@ -3,7 +3,9 @@ command (which must pass and fail with the check), and bad input as one line, ex
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -53,14 +55,38 @@ def test_report_dir_holds_json_png_and_golden_files_and_the_polygraphy_command_w
     assert "PASSED" in run.stdout
 
 
+FULL_NUMBER = re.compile(r"-|-?\d\.\d\de[+-]\d\d")  # how the table prints a number ("-": none)
+
+
+def table_numbers(text: str) -> list[list[str]]:
+    """The four number cells (max abs, error, eager error, tolerance) of each row of the parity table."""
+    rows = [[c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines()
+            if line.startswith("│")]
+    return [r[2:6] for r in rows]
+
+
 def test_failing_report_and_its_polygraphy_command_fail_too(faithful, tmp_path, capsys):
+    """Also: stdout to a file (a CI log, `| tee`) carries the whole table, every number whole (rich
+    cut them to `5.63e-…` off a terminal), and nothing but the report: progress and --verbose's
+    Polygraphy log go to stderr."""
     ckpt, onnx_path, _ = faithful
     bad = faulted(ckpt, tmp_path / "bad", scale_tap(2, 1, 1))
-    rep = tmp_path / "report"
-    assert main(["check", str(bad), "--onnx", str(onnx_path), "--report", str(rep), "--no-trt"]) == 1
-    out = capsys.readouterr().out
+    rep, log = tmp_path / "report", tmp_path / "stdout.log"
+    with open(log, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f):
+        rc = main(["check", str(bad), "--onnx", str(onnx_path), "--report", str(rep), "--no-trt", "--verbose"])
+    out, err = log.read_text(encoding="utf-8"), capsys.readouterr().err
+    assert rc == 1
     assert "first bad layer h_3 (hidden.3)" in out and "RESULT: FAIL" in out
     report = json.loads((rep / "parity.json").read_text())
+    cells = table_numbers(out)
+    assert len(cells) == len(report["layers"]) + 1, out  # onnxrt's layers and the skipped TensorRT's row
+    assert all(FULL_NUMBER.fullmatch(c) for row in cells for c in row), out
+    assert sum(c != "-" for row in cells for c in row) == 4 * len(report["layers"]), out
+    assert not FULL_NUMBER.fullmatch("5.63e-…") and "…" not in out  # control: a cut number is caught
+    assert (rep / "summary.txt").read_text(encoding="utf-8") in out  # the saved summary is the same, whole
+    assert "msar-export check: eager-torch" in err and "[I]" in err  # progress and Polygraphy's log ...
+    assert "msar-export check:" not in out and "[I]" not in out  # ... are not in the report
+    assert report["format_version"] == 2
     assert report["backends"][0]["first_bad_layer"] == {"name": "hidden.3", "layer": 3}
     assert report["backends"][1] == {**report["backends"][1], "status": "skipped", "reason": "--no-trt"}
     run = subprocess.run([POLYGRAPHY, *shlex.split(report["polygraphy_command"])[1:]], capture_output=True,
@@ -102,7 +128,7 @@ def _edited_graph(onnx_path, dst, **config_changes):
 
 @pytest.mark.parametrize("case", ["missing-checkpoint", "not-onnx", "empty-file", "no-msar-metadata",
                                   "vocab-mismatch", "decode-graph", "missing-engine", "missing-plugin",
-                                  "short-shapes"])
+                                  "short-shapes", "dtype-an-engine-built-here-cannot-run"])
 def test_bad_input_exits_2_with_one_line(case, faithful, tmp_path, capsys):
     ckpt, onnx_path, cfg = faithful
     args = [str(ckpt), "--onnx", str(onnx_path), "--no-trt"]
@@ -136,6 +162,8 @@ def test_bad_input_exits_2_with_one_line(case, faithful, tmp_path, capsys):
         args += ["--plugins", str(tmp_path / "libmsar.so")]
     elif case == "short-shapes":
         args += ["--shapes", "2x3"]
+    elif case == "dtype-an-engine-built-here-cannot-run":  # on every machine, with or without TensorRT
+        args = args[:3] + ["--dtype", "float16"]
     rc = main(["check", *args])
     err = capsys.readouterr().err
     assert_one_line_error(rc, err)

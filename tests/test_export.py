@@ -10,10 +10,11 @@ import onnx
 import pytest
 import torch
 
-from conftest import load_cfg, load_tensors, make_checkpoint, rel_err, trained_checkpoint
+from conftest import load_cfg, load_tensors, make_checkpoint, trained_checkpoint
 from msar_export import generate, load_checkpoint
 from msar_export.export import CONTRACTS, DOMAIN, ExportOptions, export_checkpoint
 from msar_export.runtime import OrtDecoder, OrtModel
+from msar_export.verdict import rel_err
 from reference64 import reference_logits
 
 TOL = 1e-5

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import load_cfg, load_tensors, make_checkpoint, rel_err, trained_checkpoint
+from conftest import load_cfg, load_tensors, make_checkpoint, trained_checkpoint
 from msar_export import generate, load_checkpoint
 from msar_export.model.mixing import SourceExpansion, depth_retrieval
 from msar_export.model.layers import rms_normalize
+from msar_export.verdict import rel_err
 from reference64 import reference_logits
 
 TOL_FP32 = 1e-5

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import rel_err
 from msar_export.serving.repository.triton_model import MsarOnnx, Served, plan_groups
 from msar_export.serving.repository.writer import MANIFEST, build_serving_repo, build_stock_repo, verify_repo
 from msar_export.serving.triton.client import infer_json, json_tensor
+from msar_export.verdict import rel_err
 from serving_fixtures import REPO, generate_request, ids_of, logits_request, output, run_cli  # fixtures: conftest.py
 
 

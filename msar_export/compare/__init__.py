@@ -9,7 +9,7 @@ from __future__ import annotations
 from .tolerances import Tolerance
 
 __all__ = ["Tolerance", "check_parity", "CheckOptions", "ParityResult", "BackendResult", "LayerResult", "write_report",
-           "print_report"]
+           "print_report", "console_for"]
 
 
 def __getattr__(name):
@@ -21,7 +21,7 @@ def __getattr__(name):
         from . import result
 
         return getattr(result, name)
-    if name in ("write_report", "print_report"):
+    if name in ("write_report", "print_report", "console_for"):
         from . import report
 
         return getattr(report, name)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from ..errors import InputError
 from ..numbers import POSITIVE, SEED
 from ..verdict import MULTIPLE
 from ..cli_common import add_dtype, add_ort_ops, add_plugins, add_shapes, add_trust_pickle
@@ -33,9 +31,9 @@ def register(subparsers) -> None:
     p.add_argument("--engine", metavar="MODEL.plan", help="serialised TensorRT engine to check as well")
     add_plugins(p, "TensorRT plugin libraries to load")
     p.add_argument("--no-trt", action="store_true", help="do not run TensorRT even if it is installed")
-    add_dtype(p, None, "precision TensorRT runs in (an engine built with --fp16: float16); its bounds come from "
-                        "the eager model at that precision. Default and floor: the graph's msar.dtype, which "
-                        "ONNX Runtime is always judged at")
+    add_dtype(p, None, "precision the --engine computes in; its bounds come from the eager model at that "
+                        "precision. Default and floor: the graph's msar.dtype, which ONNX Runtime and an engine "
+                        "check builds (strongly typed) always compute in")
     p.add_argument("--tol", type=POSITIVE, default=None, help="one fixed tolerance for every output instead of the verdict bounds (same metric)")
     add_shapes(p, "1x(kmax+5),2x37,3x64 within max_seq_len")
     p.add_argument("--seed", type=SEED, default=0, help="seed of the token batches")
@@ -50,7 +48,7 @@ def register(subparsers) -> None:
 def cmd_check(a) -> int:
     from .inputs import parse_shapes
     from .parity import CheckOptions, check_parity
-    from .report import print_report, report_targets, write_report
+    from .report import console_for, print_report, report_targets, write_report
 
     shapes = parse_shapes(a.shapes) if a.shapes is not None else None
     inputs = [a.checkpoint, a.onnx, a.engine, *a.plugins]
@@ -59,9 +57,10 @@ def cmd_check(a) -> int:
     opts = CheckOptions(engine=a.engine, plugins=tuple(a.plugins), dtype=a.dtype, tol=a.tol, shapes=shapes,
                         seed=a.seed, tensorrt=not a.no_trt, trust_pickle=a.trust_pickle, verbose=a.verbose,
                         ort_ops=("native", "function") if a.ort_ops == "both" else (a.ort_ops,))
+    # stderr: progress (and --verbose's Polygraphy log); stdout: the report alone.
     result = check_parity(a.checkpoint, a.onnx, opts,
                           progress=lambda msg: print(f"msar-export check: {msg}", file=sys.stderr, flush=True))
-    print_report(result, polygraphy_cmd=write_report(result, a.report, inputs) if a.report else None)
+    print_report(result, console_for(), write_report(result, a.report, inputs) if a.report else None)
     if a.report:
         print(f"report: {a.report}/ (parity.json, parity.png, summary.txt, inputs.json, golden.json)")
     return result.exit_code

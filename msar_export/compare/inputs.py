@@ -7,7 +7,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import InputError
-from ..runners.common import INPUT_NAME
+from ..graph_spec import INPUT_IDS
 
 # Batch sizes and lengths unlike the export's tracing inputs (2, 5): a graph that
 # specialised a dynamic dimension fails here instead of passing by luck.
@@ -75,8 +75,8 @@ def token_batches(cfg, shapes, seed: int = 0) -> list[OrderedDict]:
     feeds = []
     for b, t in shapes:
         ids = rng.integers(0, cfg.vocab_size, size=(b, t), dtype=np.int64)
-        feeds.append(OrderedDict([(INPUT_NAME, ids)]))
-    last = feeds[-1][INPUT_NAME]
+        feeds.append(OrderedDict([(INPUT_IDS, ids)]))
+    last = feeds[-1][INPUT_IDS]
     last.flat[0] = 0
     last.flat[-1] = cfg.vocab_size - 1
     return feeds
@@ -93,7 +93,7 @@ def decode_batches(model, shapes, cache_dtype, seed: int = 0) -> list[OrderedDic
     spec = GraphSpec(model.cfg, decode=True)
     feeds = []
     for feed in token_batches(model.cfg, shapes, seed):
-        ids = torch.as_tensor(feed[INPUT_NAME])
+        ids = torch.as_tensor(feed[INPUT_IDS])
         B, T = ids.shape
         p = T // 2
         with torch.no_grad():

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..fileio import atomic_paths, check_outputs
 from ..graph_spec import LOGITS
-from ..runners.common import layer_index, quiet_polygraphy
+from ..graph_spec import hidden_index
+from ..runners.common import quiet_polygraphy
 from .result import REFERENCE, ParityResult, reference_scales, suspect
 
 JSON_NAME = "parity.json"
@@ -21,11 +22,15 @@ PLOT_NAME = "parity.png"
 INPUTS_NAME = "inputs.json"
 GOLDEN_NAME = "golden.json"
 SUMMARY_NAME = "summary.txt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per layer "max_elementwise_rel" (was "max_rel")
+# Width of the report anywhere but a terminal (a log file, a pipe, `| tee`): wide enough
+# that rich never cuts a number to "5.63e-…" (a table is as wide as its widest row).
+UNCUT = 10_000
+NUMBER_WIDTH = len("1.23e-05")  # every number in the table is >= 0
 
 
 def label(name: str) -> str:
-    return LOGITS if name == LOGITS else f"h_{layer_index(name)}"
+    return LOGITS if name == LOGITS else f"h_{hidden_index(name)}"
 
 
 def _e(x) -> str:
@@ -43,12 +48,16 @@ def render_table(result: ParityResult):
 
     t = Table(title=f"parity vs {REFERENCE}: error = max|diff| / max|reference| per output; "
                     "tolerance = verdict bound from the eager model's own error at the backend's precision")
-    for col, just in [("backend", "left"), ("layer", "left"), ("max abs", "right"), ("max rel", "right"),
-                      ("error", "right"), ("eager error", "right"), ("tolerance", "right"), ("verdict", "left")]:
-        t.add_column(col, justify=just)
+    # parity.json also has each output's max elementwise relative error (information only).
+    for col, just in [("backend", "left"), ("layer", "left"), ("max abs", "right"), ("error", "right"),
+                      ("eager error", "right"), ("tolerance", "right"), ("verdict", "left")]:
+        # Numbers are never cut: they keep their width on an 80-column terminal (the text
+        # columns wrap), and console_for prints anywhere else at the table's full width.
+        numeric = just == "right"
+        t.add_column(col, justify=just, overflow="fold", min_width=NUMBER_WIDTH if numeric else None)
     for b in result.backends:
         if not b.layers:
-            t.add_row(b.name, "-", "-", "-", "-", "-", "-", b.status.upper() + " (see below)")
+            t.add_row(b.name, "-", "-", "-", "-", "-", b.status.upper() + " (see below)")
             t.add_section()
             continue
         first = b.first_bad
@@ -58,7 +67,7 @@ def render_table(result: ParityResult):
                 verdict += " <- first"
             if lr.status == "fail" and not lr.finite:
                 verdict += " (NaN/Inf)"
-            t.add_row(b.name, label(lr.name), _e(lr.max_abs), _e(lr.max_rel), _e(lr.error), _e(lr.eager_error),
+            t.add_row(b.name, label(lr.name), _e(lr.max_abs), _e(lr.error), _e(lr.eager_error),
                       _e(lr.tolerance), verdict)
         t.add_section()
     return t
@@ -91,11 +100,20 @@ def summary_lines(result: ParityResult) -> list[str]:
     return lines
 
 
-def print_report(result: ParityResult, console=None, polygraphy_cmd: str | None = None) -> None:
-    """The table and the verdicts; `polygraphy_cmd`: write_report's reproduction command."""
+def console_for(file=None):
+    """The rich Console the report prints on: a terminal's own width; anywhere else wide
+    enough that every number is whole (UNCUT). file: default stdout."""
     from rich.console import Console
 
-    console = console or Console()
+    console = Console(file=file)
+    if not console.is_terminal:
+        console = Console(file=file, width=UNCUT)
+    return console
+
+
+def print_report(result: ParityResult, console, polygraphy_cmd: str | None = None) -> None:
+    """The table and the verdicts, on `console` (console_for()); `polygraphy_cmd`:
+    write_report's reproduction command."""
     console.print(render_table(result))
     for line in summary_lines(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -112,7 +130,7 @@ def print_report(result: ParityResult, console=None, polygraphy_cmd: str | None 
 def to_json_dict(result: ParityResult, polygraphy_cmd: str | None = None) -> dict:
     def layer(lr):
         return {"name": lr.name, "layer": lr.layer, "status": lr.status, "max_abs": _num(lr.max_abs),
-                "max_rel": _num(lr.max_rel), "error": _num(lr.error), "eager_error": _num(lr.eager_error),
+                "max_elementwise_rel": _num(lr.max_elementwise_rel), "error": _num(lr.error), "eager_error": _num(lr.eager_error),
                 "tolerance": lr.tolerance,
                 "reference_max_abs": _num(lr.ref_max_abs), "finite": lr.finite, "reason": lr.reason}
 
@@ -215,7 +233,6 @@ def write_report(result: ParityResult, report_dir: str | os.PathLike, inputs=())
     written to temporaries and renamed into place together (a failure leaves the old report
     whole); returns the `polygraphy run` command that reproduces the ONNX check from them."""
     from polygraphy.json import save_json
-    from rich.console import Console
 
     targets = report_targets(report_dir, inputs)
     inputs_path, golden_path = targets[0], targets[1]
@@ -227,6 +244,6 @@ def write_report(result: ParityResult, report_dir: str | os.PathLike, inputs=())
         t_json.write_text(json.dumps(to_json_dict(result, command), indent=2) + "\n", encoding="utf-8")
         write_plot(result, t_plot)
         buf = io.StringIO()
-        print_report(result, Console(file=buf, width=140, no_color=True, force_terminal=False), command)
+        print_report(result, console_for(buf), command)
         t_summary.write_text(buf.getvalue(), encoding="utf-8")
     return command

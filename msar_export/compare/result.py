@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..runners.common import layer_index
+from ..graph_spec import hidden_index
 from .tolerances import Tolerance
 
 REFERENCE = "eager-torch-float64"
@@ -22,15 +22,17 @@ class LayerResult:
     tolerance: float
     ref_max_abs: float
     max_abs: float | None = None  # max |backend - reference|; None when not finite or missing
-    max_rel: float | None = None  # max |backend - reference| / |reference|, elementwise
-    error: float | None = None  # max_abs / ref_max_abs: the metric checked against `tolerance`
+    error: float | None = None  # max_abs / ref_max_abs (verdict.rel_err): checked against `tolerance`
+    # max over elements of |backend - reference| / |reference|: for information only, never
+    # judged (it explodes where the reference crosses zero)
+    max_elementwise_rel: float | None = None
     eager_error: float | None = None  # the eager model's own error at the backend's precision, same metric
     finite: bool = True
     reason: str = ""
 
     @property
     def layer(self) -> int | None:
-        return layer_index(self.name)
+        return hidden_index(self.name)
 
     @property
     def passed(self) -> bool:
@@ -95,6 +97,12 @@ def to_f64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
+def max_elementwise_rel(pairs) -> float:
+    """max over elements of |got - ref| / |ref| (LayerResult.max_elementwise_rel; information only)."""
+    tiny = np.finfo(np.float64).tiny
+    return max(float(np.max(np.abs(got - ref) / np.maximum(np.abs(ref), tiny))) for got, ref in pairs)
+
+
 def reference_scales(ref_iters, names) -> dict[str, float]:
     """max |reference| per output over all batches: the metric's denominator."""
     return {n: max(float(np.max(np.abs(to_f64(it[n])))) for it in ref_iters) for n in names}
@@ -102,7 +110,7 @@ def reference_scales(ref_iters, names) -> dict[str, float]:
 
 def suspect(name: str) -> str:
     """Where to look when `name` is the first output to differ."""
-    l = layer_index(name)
+    l = hidden_index(name)
     if l is None:
         return "the head: final_norm or lm_head (every h_l matches)"
     if l == 1:

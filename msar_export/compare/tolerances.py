@@ -9,9 +9,9 @@ with the eager model in float64 as the reference, and an output passes when
 error <= tolerance and every value is finite.  The tolerance of each output is
 msar_export.verdict's bound: a multiple of the eager model's own error at the
 backend's precision on that output, plus a floor (`from_eager`).  `--tol`
-replaces it by one fixed number (`fixed`).  Polygraphy checks it as a per-output absolute
-tolerance, atol = tolerance * max |reference|, with rtol = 0 and the `max`
-statistic.
+replaces it by one fixed number (`fixed`).  The report's `polygraphy run` command
+repeats the check as a per-output absolute tolerance, atol = tolerance * max |reference|,
+with rtol = 0 and the `max` statistic.
 """
 
 from __future__ import annotations

@@ -29,11 +29,6 @@ class ValidationResult:
     def passed(self) -> bool:
         return not self.failures
 
-    @property
-    def max_rel_err(self) -> float | None:
-        """ORT vs the float64 eager model (msar_export.verdict's metric)."""
-        return None if self.verdict is None else self.verdict.error
-
     def summary(self) -> str:
         head = "validation: " + ("PASS" if self.passed else "FAIL")
         parts = [", ".join(self.checks)]

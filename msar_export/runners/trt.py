@@ -111,18 +111,22 @@ def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], preci
     `outputs` marked (so every h_l can be compared) and one profile from (1, 1)
     to `max_shape`.
 
-    `precision` only names the tolerance preset: the network is strongly typed,
-    so the engine computes in the ONNX file's precision, like the one `build`
-    ships. TF32 is off, so the float32 preset applies."""
+    The network is strongly typed, so the engine computes in the ONNX file's
+    precision (msar.dtype), like the one `build` ships: `precision` must be that
+    one (InputError otherwise, before TensorRT is imported). TF32 is off."""
     from ..engines.backends import import_backend
     from ..engines.loaders import CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnx, make_logger
     from ..engines.onnx_info import read_onnx
     from ..engines.profiles import DimRange, input_profiles
 
+    info = read_onnx(onnx_path)
+    computes = info.dtype or "float32"
+    if precision != computes:
+        raise InputError(f"{Path(onnx_path).name} computes in {computes} and an engine built from it is strongly "
+                         f"typed, so it cannot run in {precision}; export the graph in {precision}")
     backend = backend or choose_backend() or "tensorrt"
     ptrt = polygraphy_trt(backend)
     trt = import_backend(backend)
-    info = read_onnx(onnx_path)
     B, T = (int(v) for v in max_shape)
     profiles = input_profiles(info.inputs, {"batch": DimRange(1, B, B), "seq": DimRange(1, T, T),
                                             "past": DimRange(0, 0, 0)})
