@@ -1,5 +1,6 @@
-"""What test_compare.py and test_compare_cli.py share: the export both check (made once
-per session) and the fault injection that edits a checkpoint's weights."""
+"""The small random msar checkpoint most modules test on, with its prefill and decode graphs
+(each exported once per session: an export costs 7-20 s of CPU), and the fault injection
+that edits a checkpoint's weights."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ def faithful(tmp_path_factory):
     onnx_path = root / "model.onnx"
     export_model(load_checkpoint(ckpt), onnx_path, ExportOptions(), validate=False)
     return ckpt, onnx_path, cfg
+
+
+@pytest.fixture(scope="session")
+def faithful_decode(faithful, tmp_path_factory):
+    """The decode graph of `faithful`'s checkpoint: (checkpoint, decode.onnx, config dict)."""
+    ckpt, _, cfg = faithful
+    path = tmp_path_factory.mktemp("decode") / "decode.onnx"
+    export_model(load_checkpoint(ckpt), path, ExportOptions(decode=True), validate=False)
+    return ckpt, path, cfg
 
 
 def faulted(src: Path, dst: Path, edit) -> Path:

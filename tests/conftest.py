@@ -76,5 +76,5 @@ def load_cfg(path: Path) -> dict:
 
 # The helper modules' session fixtures, registered once here: a test module that imports a fixture by
 # name gets a copy of its own (one more export, one more Triton server per module that uses it).
-from compare_fixtures import faithful  # noqa: E402,F401
+from compare_fixtures import faithful, faithful_decode  # noqa: E402,F401
 from serving_fixtures import graphs, refs, served, triton  # noqa: E402,F401

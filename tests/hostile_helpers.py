@@ -1,12 +1,14 @@
 """Helpers of the hostile-input tests (test_hostile.py, test_hostile_bundles.py): the CLI
-in a child process, its one-line exit-2 contract, a file tree's snapshot, and a tiny
-ONNX graph (Y = X + W, W as external data) whose data location each case crafts."""
+in a child process or in this one, its one-line exit-2 contract, a file tree's snapshot,
+and a tiny ONNX graph (Y = X + W, W as external data) whose data location each case crafts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,48 @@ W = np.arange(4, dtype=np.float32) + 0.5
 
 def run_cli(*args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *map(os.fsdecode, args)], cwd=REPO, capture_output=True, timeout=timeout, **kw)
+
+
+def run_main(*args, text: bool = False) -> subprocess.CompletedProcess:
+    """`msar-export ARGS` through the CLI's main in this process, with run_cli's result: for
+    tests of what a command decides, where a child's interpreter and torch import (2-3 s a
+    call) buy nothing.  File descriptors 1 and 2 are captured too, so what native code prints
+    counts against the one-line rule as in a child.  The process boundary itself (exit
+    status, argv bytes, a hang cut by a timeout, a crash) stays with run_cli: each command
+    keeps such tests."""
+    from msar_export.cli import main
+    from msar_export.export.handoff import APART_ENV
+
+    assert APART_ENV not in os.environ, "validation apart execs a new image: use run_cli"
+    argv = [os.fsdecode(a) for a in args]
+    env = dict(os.environ)  # --ort-ops sets MSAR_ORT_OPS for the rest of the process
+    files = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]
+    streams = [open(f.fileno(), "w", encoding="utf-8", errors="backslashreplace", closefd=False) for f in files]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(files[0].fileno(), 1)
+        os.dup2(files[1].fileno(), 2)
+        with contextlib.chdir(REPO), contextlib.redirect_stdout(streams[0]), contextlib.redirect_stderr(streams[1]):
+            try:
+                code = main(argv)
+            except SystemExit as e:  # argparse's usage errors
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        for fd, stream, old in zip((1, 2), streams, saved):
+            stream.close()
+            os.dup2(old, fd)
+            os.close(old)
+        os.environ.clear()
+        os.environ.update(env)
+    out = []
+    for f in files:
+        f.seek(0)
+        data = f.read()
+        f.close()
+        out.append(data.decode(errors="replace") if text else data)
+    return subprocess.CompletedProcess([*CLI, *argv], code, *out)
 
 
 def one_line_exit_2(r: subprocess.CompletedProcess) -> str:

@@ -31,7 +31,7 @@ POLYGRAPHY = str(Path(sys.executable).parent / "polygraphy")
 D = 40  # d_model of conftest.ODD
 
 
-from compare_fixtures import faulted, scale_tap  # noqa: E402  (the `faithful` fixture: conftest.py)
+from compare_fixtures import faulted, scale_tap  # noqa: E402  (`faithful`, `faithful_decode`: conftest.py)
 
 
 def flip_taps(sources):
@@ -368,14 +368,6 @@ def test_dtype_is_for_tensorrt_onnx_runtime_keeps_the_graphs_own_precision(faith
 FIXED = fixed(1e-4)  # compare_backend's own tests: one bound, as --tol gives
 
 # -- decode graphs ---------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def faithful_decode(faithful, tmp_path_factory):
-    ckpt, _, cfg = faithful
-    path = tmp_path_factory.mktemp("decode") / "decode.onnx"
-    export_model(load_checkpoint(ckpt), path, ExportOptions(decode=True), validate=False)
-    return ckpt, path, cfg
-
 
 def test_decode_graph_is_checked_on_top_of_an_eager_past(faithful_decode):
     """The graph gets a past (KV cache + conv state) made eagerly from each batch's

@@ -27,6 +27,14 @@ def cli(*args, timeout=300):
                           timeout=timeout)
 
 
+def cli_for(case: str, *native: str):
+    """A child process for the cases whose bytes a native parser reads (a crash there would take
+    the test session with it), the CLI's main in this process for the others."""
+    from hostile_helpers import run_main
+
+    return cli if case in native else lambda *args: run_main(*args, text=True)
+
+
 def assert_one_line_exit_2(r):
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr
@@ -114,7 +122,7 @@ def test_loader_refuses_with_a_specific_error(tmp_path, name):
 def test_cli_refuses_bad_checkpoint_in_one_line_and_writes_nothing(tmp_path, name):
     path = _bad(tmp_path, name)
     out = tmp_path / "out.onnx"
-    line = assert_one_line_exit_2(cli("export", path, "-o", out))
+    line = assert_one_line_exit_2(cli_for(name, "truncated_safetensors")("export", path, "-o", out))
     assert BAD[name][1] in line
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
@@ -184,7 +192,7 @@ def test_bad_onnx_files_get_specific_errors(tmp_path, what, request):
             match = "external data file 'm.onnx.data' is missing"
     with pytest.raises(OnnxModelError, match=match):
         OrtModel(path)
-    line = assert_one_line_exit_2(cli("generate", "--onnx", path))
+    line = assert_one_line_exit_2(cli_for(what, "truncated")("generate", "--onnx", path))
     assert match in line
 
 

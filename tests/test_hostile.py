@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from conftest import make_checkpoint
-from hostile_helpers import CLI, REPO, W, one_line_exit_2, run_cli, run_tiny, tiny_model, tree  # noqa: F401
+from hostile_helpers import CLI, REPO, W, one_line_exit_2, run_cli, run_main, run_tiny, tiny_model, tree  # noqa: F401
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
@@ -36,16 +36,16 @@ def test_export_never_replaces_a_device_fifo_or_directory(ckpt, tmp_path):
     kind = _device_or_fifo(dev)
     os.mkfifo(fifo)
     folder.mkdir()
-    for target in (dev, fifo):
-        line = one_line_exit_2(run_cli("export", ckpt, "-o", target, "--no-validate", timeout=120))
-        assert "not a regular file" in line
+    # a child for the FIFO: an open for writing would block, and only a child can be timed out
+    for target, run in ((dev, run_main), (fifo, lambda *a: run_cli(*a, timeout=120))):
+        assert "not a regular file" in one_line_exit_2(run("export", ckpt, "-o", target, "--no-validate"))
     assert (stat.S_ISCHR if kind == "char device" else stat.S_ISFIFO)(os.lstat(dev).st_mode)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
-    assert "is a directory" in one_line_exit_2(run_cli("export", ckpt, "-o", folder, "--no-validate"))
-    assert "cannot write" in one_line_exit_2(run_cli("export", ckpt, "-o", "/proc/msar-test.onnx", "--no-validate"))
+    assert "is a directory" in one_line_exit_2(run_main("export", ckpt, "-o", folder, "--no-validate"))
+    assert "cannot write" in one_line_exit_2(run_main("export", ckpt, "-o", "/proc/msar-test.onnx", "--no-validate"))
     parent_file = tmp_path / "plain"
     parent_file.write_text("x")
-    line = one_line_exit_2(run_cli("export", ckpt, "-o", parent_file / "m.onnx", "--no-validate"))
+    line = one_line_exit_2(run_main("export", ckpt, "-o", parent_file / "m.onnx", "--no-validate"))
     assert "not a directory" in line.lower()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.onnx", "fifo", "null", "plain"]
     assert list(folder.iterdir()) == []
@@ -66,18 +66,18 @@ def test_triton_repo_output_must_be_new_or_ours(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "keep.txt").write_text("precious")
-    line = one_line_exit_2(run_cli("triton-repo", model, "-o", other, "--no-validate"))
+    line = one_line_exit_2(run_main("triton-repo", model, "-o", other, "--no-validate"))
     assert "not a repository msar-export wrote" in line and (other / "keep.txt").read_text() == "precious"
     for target in (tmp_path / "model", tmp_path, model):  # the model's folder, a folder above it, the model file
         before = tree(tmp_path)
         for force in ([], ["--force"]):
-            one_line_exit_2(run_cli("triton-repo", model, "-o", target, "--no-validate", *force))
+            one_line_exit_2(run_main("triton-repo", model, "-o", target, "--no-validate", *force))
             assert tree(tmp_path) == before
     # ours: replaced in place; with --force a foreign folder is replaced too
     ours = tmp_path / "repo"
     for _ in range(2):
-        assert run_cli("triton-repo", model, "-o", ours, "--no-validate").returncode == 0
-    assert run_cli("triton-repo", model, "-o", other, "--no-validate", "--force").returncode == 0
+        assert run_main("triton-repo", model, "-o", ours, "--no-validate").returncode == 0
+    assert run_main("triton-repo", model, "-o", other, "--no-validate", "--force").returncode == 0
     assert not (other / "keep.txt").exists() and (other / "manifest.json").is_file()
 
 
@@ -107,7 +107,7 @@ def test_oversized_and_special_config_files_are_refused_unread(ckpt, tmp_path):
     with open(big / "config.json", "r+") as f:
         f.seek(0, os.SEEK_END)
         f.write(" " * (3 << 20))  # valid JSON padded to 3 MB
-    assert "over the" in one_line_exit_2(run_cli("export", big, "-o", tmp_path / "x.onnx"))
+    assert "over the" in one_line_exit_2(run_main("export", big, "-o", tmp_path / "x.onnx"))
     shutil.copytree(ckpt, fifo)
     (fifo / "config.json").unlink()
     os.mkfifo(fifo / "config.json")  # stands in for /proc/kmsg: a read that never ends
@@ -158,7 +158,7 @@ def test_hostile_msar_config_metadata(tmp_path):
         model.write_bytes(proto.SerializeToString())
         with pytest.raises(MsarError):
             OrtModel(model, threads=1)
-    assert "Traceback" not in run_cli("generate", "--onnx", model).stderr.decode()
+    assert "Traceback" not in run_main("generate", "--onnx", model).stderr.decode()
 
 
 def test_bad_generation_settings(tmp_path):
@@ -171,9 +171,10 @@ def test_bad_generation_settings(tmp_path):
         with pytest.raises(InputError, match=want):
             check_sampling(True, temperature, top_k)
     ckpt = REPO / "checkpoints" / "default" / "msar"
-    for args, want in ((["--max-new-tokens", "-1"], "max-new-tokens"), (["--prompt", b"\xff\xfe"], "UTF-8")):
-        assert want in one_line_exit_2(run_cli("generate", ckpt, "--max-new-tokens", "2", *args)), args
-    assert "temperature" in one_line_exit_2(run_cli("generate", ckpt, "--sample", "--temperature", "nan"))
+    for args, want, run in ((["--max-new-tokens", "-1"], "max-new-tokens", run_main),
+                            (["--prompt", b"\xff\xfe"], "UTF-8", run_cli)):  # argv bytes: through a real argv
+        assert want in one_line_exit_2(run("generate", ckpt, "--max-new-tokens", "2", *args)), args
+    assert "temperature" in one_line_exit_2(run_main("generate", ckpt, "--sample", "--temperature", "nan"))
 
 
 def test_check_shapes_bounded_and_non_empty(tmp_path):
@@ -182,7 +183,7 @@ def test_check_shapes_bounded_and_non_empty(tmp_path):
     from msar_export.errors import InputError
 
     ckpt = REPO / "checkpoints" / "default" / "msar"
-    line = one_line_exit_2(run_cli("check", ckpt, "--onnx", tmp_path / "any.onnx", "--shapes", ""))
+    line = one_line_exit_2(run_main("check", ckpt, "--onnx", tmp_path / "any.onnx", "--shapes", ""))
     assert "--shapes is empty" in line
     cfg = MSARConfig(max_seq_len=1 << 20, vocab_size=256)
     assert check_shapes([(2, 64)], cfg) == [(2, 64)]
@@ -262,7 +263,7 @@ def test_check_on_a_graph_ort_cannot_load_is_exit_2(ckpt, tmp_path):
     node.op_type = "NoSuchOp"  # metadata, names and weights still pass the preflight
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(proto.SerializeToString())
-    r = run_cli("check", ckpt, "--onnx", bad, "--no-trt")
+    r = run_main("check", ckpt, "--onnx", bad, "--no-trt")
     err = r.stderr.decode()
     errors = [ln for ln in err.splitlines() if ": error: " in ln]  # the others are progress lines
     assert r.returncode == 2 and "Traceback" not in err, err[-2000:]

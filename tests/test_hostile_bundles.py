@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from hostile_helpers import REPO, W, one_line_exit_2, run_cli, run_tiny, tiny_model, tree  # noqa: F401
+from hostile_helpers import REPO, W, one_line_exit_2, run_main, run_tiny, tiny_model, tree  # noqa: F401
 
 
 def test_traversal_location_overwrites_nothing_outside(tmp_path):
@@ -27,7 +27,7 @@ def test_traversal_location_overwrites_nothing_outside(tmp_path):
     assert (tmp_path / "p" / "victim.txt").read_bytes() == W.tobytes()
     before = tree(tmp_path)
     repo = tmp_path / "a" / "b" / "repo"
-    line = one_line_exit_2(run_cli("triton-repo", model, "-o", repo, "--name", "tiny", "--no-validate"))
+    line = one_line_exit_2(run_main("triton-repo", model, "-o", repo, "--name", "tiny", "--no-validate"))
     assert "climbs out" in line
     assert tree(tmp_path) == before and victim.read_text() == "victim"
 
@@ -58,14 +58,14 @@ def test_external_data_outside_the_model_folder_is_refused(tmp_path, case):
         folder.mkdir()
         model, want = tiny_model(folder, "w.data", payload=tmp_path / "elsewhere.bin"), "is missing"
     before = tree(tmp_path)
-    line = one_line_exit_2(run_cli("triton-repo", model, "-o", tmp_path / "repo", "--no-validate"))
+    line = one_line_exit_2(run_main("triton-repo", model, "-o", tmp_path / "repo", "--no-validate"))
     assert want in line, line
     assert tree(tmp_path) == before  # no repository, no copy of the canary, nothing linked
 
 
 def test_repository_carries_a_copy_of_the_data_and_the_original_stays_usable(tmp_path):
     model = tiny_model(tmp_path / "model", "weights/w.data")
-    r = run_cli("triton-repo", model, "-o", tmp_path / "repo", "--name", "tiny", "--no-validate")
+    r = run_main("triton-repo", model, "-o", tmp_path / "repo", "--name", "tiny", "--no-validate")
     assert r.returncode == 0, r.stderr.decode()
     copied = tmp_path / "repo" / "tiny" / "1" / "weights" / "w.data"
     original = tmp_path / "model" / "weights" / "w.data"
@@ -95,7 +95,7 @@ def test_triton_repo_refuses_a_graph_that_cannot_run(tmp_path):
     proto = onnx.load(str(model), load_external_data=False)
     proto.graph.node[0].op_type = "NoSuchOp"
     model.write_bytes(proto.SerializeToString())
-    line = one_line_exit_2(run_cli("triton-repo", model, "-o", tmp_path / "repo", "--no-validate"))
+    line = one_line_exit_2(run_main("triton-repo", model, "-o", tmp_path / "repo", "--no-validate"))
     assert "ONNX Runtime cannot load" in line and not (tmp_path / "repo").exists()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_checkpoint
-from hostile_helpers import one_line_exit_2, run_cli, tiny_model, tree
+from hostile_helpers import one_line_exit_2, run_cli, run_main, tiny_model, tree
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_export_into_its_own_checkpoint_is_refused(ckpt, tmp_path):
     c = tmp_path / "c"
     shutil.copytree(ckpt, c)
     before = tree(c)
-    line = one_line_exit_2(run_cli("export", c, "-o", c / "model.safetensors", "--no-validate"))
+    line = one_line_exit_2(run_main("export", c, "-o", c / "model.safetensors", "--no-validate"))
     assert "input" in line and tree(c) == before  # before: the checkpoint's weights became an ONNX file
 
 
@@ -97,9 +97,9 @@ def test_onnx_reference_save_onto_the_model_is_refused(tmp_path):
     model = tiny_model(tmp_path / "m", "w.bin")
     before = tree(tmp_path / "m")
     for target in (model, tmp_path / "m" / "w.bin"):
-        line = one_line_exit_2(run_cli("onnx", "reference", model, "--save", target))
+        line = one_line_exit_2(run_main("onnx", "reference", model, "--save", target))
         assert "input" in line, line
-    line = one_line_exit_2(run_cli("onnx", "sanitize", model, "-o", model))
+    line = one_line_exit_2(run_main("onnx", "sanitize", model, "-o", model))
     assert "input" in line
     assert tree(tmp_path / "m") == before
 
@@ -141,15 +141,15 @@ def test_check_report_is_one_output_set(ckpt, tmp_path):
     (tmp_path / "link").symlink_to(elsewhere)
     onnx_path.write_bytes(b"x")  # never read: the report is refused first
     before = tree(tmp_path)
-    line = one_line_exit_2(run_cli("check", ckpt, "--onnx", onnx_path, "--report", report, "--no-trt"))
+    line = one_line_exit_2(run_main("check", ckpt, "--onnx", onnx_path, "--report", report, "--no-trt"))
     assert "summary.txt" in line  # before: four files rewritten, then the fifth failed
-    line = one_line_exit_2(run_cli("check", ckpt, "--onnx", onnx_path, "--report", tmp_path / "link", "--no-trt"))
+    line = one_line_exit_2(run_main("check", ckpt, "--onnx", onnx_path, "--report", tmp_path / "link", "--no-trt"))
     assert "symbolic link" in line  # before: followed into another directory
-    line = one_line_exit_2(run_cli("check", ckpt, "--onnx", onnx_path, "--report", ckpt, "--no-trt"))
+    line = one_line_exit_2(run_main("check", ckpt, "--onnx", onnx_path, "--report", ckpt, "--no-trt"))
     assert tree(tmp_path) == before and not any(elsewhere.iterdir())
 
 
-def test_triton_repo_keeps_models_a_user_added(tmp_path):
+def test_triton_repo_keeps_models_a_user_added(tmp_path):  # triton-repo in a child process (exit codes)
     model = tiny_model(tmp_path / "m", "w.bin")
     repo = tmp_path / "repo"
     r = run_cli("triton-repo", model, "-o", repo, "--no-validate")

@@ -8,9 +8,6 @@ import subprocess
 import sys
 
 import onnx
-from conftest import make_checkpoint
-
-from msar_export.export import ExportOptions, export_checkpoint
 
 
 def run_cli(*args):
@@ -24,11 +21,12 @@ def one_line_exit_2(r, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
 
 
-def test_generate_on_a_graph_whose_vocabulary_exceeds_its_embedding(tmp_path):
-    ckpt, cfg = make_checkpoint(tmp_path / "ckpt", seed=2, n_blocks=1)  # vocab 61: byte prompts index past it; 1 block: quick
+# The graphs: the session's 1-block random ones (serving_fixtures.graphs, conftest.py), edited in copies.
+
+def test_generate_on_a_graph_whose_vocabulary_exceeds_its_embedding(graphs, tmp_path):
+    assert graphs["cfg"]["vocab_size"] == 61  # byte prompts index past it
     path = tmp_path / "decode.onnx"
-    export_checkpoint(ckpt, path, ExportOptions(decode=True), validate=False)
-    model = onnx.load(str(path))
+    model = onnx.load(str(graphs["decode"]))
     for p in model.metadata_props:
         if p.key == "msar.config":
             p.value = json.dumps({**json.loads(p.value), "vocab_size": 300})
@@ -37,11 +35,9 @@ def test_generate_on_a_graph_whose_vocabulary_exceeds_its_embedding(tmp_path):
                     "ONNX Runtime failed running this graph")
 
 
-def test_reference_on_an_initializer_with_dims_and_no_data(tmp_path):
-    ckpt, _ = make_checkpoint(tmp_path / "ckpt", seed=2, n_blocks=1)  # 1 block: a quicker export, the same refusal
+def test_reference_on_an_initializer_with_dims_and_no_data(graphs, tmp_path):
     path = tmp_path / "model.onnx"
-    export_checkpoint(ckpt, path, ExportOptions(), validate=False)
-    model = onnx.load(str(path))
+    model = onnx.load(str(graphs["prefill"]))
     victim = max(model.graph.initializer, key=lambda t: len(t.raw_data))
     victim.raw_data = b""
     onnx.save(model, str(path))

@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import load_cfg, load_tensors, make_checkpoint, trained_checkpoint
+from conftest import load_cfg, load_tensors, trained_checkpoint
 
 from msar_export.checkpoint import load_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
@@ -38,20 +38,22 @@ B, T = 2, 9  # not the export's example shapes
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, faithful, faithful_decode):
     """files[checkpoint, kind] -> (onnx path, feeds, float64 logits, eager float32 logits), exported on first use,
-    on random odd-size and on trained weights."""
+    on random odd-size (the session's checkpoint, whose fused and decode graphs conftest.py made already) and
+    on trained weights.  The session's files are shared: tests write only under their tmp_path."""
     root = tmp_path_factory.mktemp("interop")
-    ckpts = {"random": lambda: make_checkpoint(root / "random", seed=5, query_scale=0.5)[0],
-             "trained": lambda: trained_checkpoint("msar")}
+    ckpts = {"random": lambda: faithful[0], "trained": lambda: trained_checkpoint("msar")}
+    shared = {("random", "fused"): faithful[1], ("random", "decode"): faithful_decode[1]}
 
     class Exports(dict):
         def __missing__(self, key):
             ck, kind = key
             path = ckpts[ck]()
             cfg, tensors = load_cfg(path), load_tensors(path)
-            onnx_path = root / f"{ck}-{kind}.onnx"
-            assert export_checkpoint(path, onnx_path, KINDS[kind], validate=False).validation is None
+            onnx_path = shared.get(key, root / f"{ck}-{kind}.onnx")
+            if key not in shared:
+                assert export_checkpoint(path, onnx_path, KINDS[kind], validate=False).validation is None
             feeds = seeded_feeds(onnx.load(onnx_path), B, T, seed=1)
             ref64 = reference_logits(cfg, tensors, feeds["input_ids"])
             with torch.no_grad():
@@ -364,7 +366,7 @@ def test_a_wrong_overload_is_named_too(files, tmp_path):
     assert ExportedGraph.open(tmp_path / "right.onnx").custom_ops == {"FusedMixer": 5}
 
 
-def test_cli_names_the_broken_file_and_its_repair_runs(files, tmp_path):
+def test_cli_names_the_broken_file_and_its_repair_runs(files, faithful, tmp_path):
     """`msar-export check` on a slimmed file: exit 2, one line, no traceback; the command that
     line gives, run as it is written, writes a file that opens and is faithful."""
     import shlex
@@ -376,7 +378,7 @@ def test_cli_names_the_broken_file_and_its_repair_runs(files, tmp_path):
     path, feeds, *_ = case = files["random", "decode"]
     broken = tmp_path / "slim.onnx"
     onnx.save(onnxslim.slim(onnx.load(path)), broken)
-    ckpt = path.parent / "random"  # where the files fixture wrote the checkpoint
+    ckpt = faithful[0]  # the files fixture's random checkpoint
     r = subprocess.run([sys.executable, "-m", "msar_export.cli", "check", str(ckpt), "--onnx", str(broken)],
                        capture_output=True, text=True, timeout=300)
     lines = r.stderr.strip().splitlines()

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from compare_fixtures import faulted, scale_tap  # the `faithful` fixture: conftest.py
-from conftest import make_checkpoint
 from ort_ops_fixtures import ort_ops_library  # noqa: F401  (fixture)
 
 from msar_export import cli_common
@@ -32,14 +31,15 @@ VARIANTS = {"prefill": ExportOptions(), "retrieval": ExportOptions(mixer_op="ret
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    # d 40 (not a multiple of the vector width), kernels [1,3,5], 2 blocks
-    return make_checkpoint(tmp_path_factory.mktemp("native") / "ckpt", seed=11)[0]
+def ckpt(faithful):
+    # d 40 (not a multiple of the vector width), kernels [1,3,5], 2 blocks: the session's (conftest.py)
+    return faithful[0]
 
 
 @pytest.fixture(scope="module")
-def exported(ckpt, tmp_path_factory):
-    root, made = tmp_path_factory.mktemp("native-graphs"), {}
+def exported(faithful, faithful_decode, tmp_path_factory):
+    ckpt = faithful[0]
+    root, made = tmp_path_factory.mktemp("native-graphs"), {"prefill": faithful[1], "decode": faithful_decode[1]}
 
     def get(variant):
         if variant not in made:

@@ -10,10 +10,8 @@ from polygraphy import config as pg_config
 from polygraphy.datatype import DataType
 from polygraphy.exception import PolygraphyException
 
-from conftest import make_checkpoint
 from msar_export.checkpoint import load_checkpoint
 from msar_export.errors import InputError
-from msar_export.export import ExportOptions, export_model
 from msar_export.runners import output_names
 from msar_export.runners.common import layer_index, layer_order
 from msar_export.runners.eager import ModelFromCheckpoint, TorchRunner
@@ -24,13 +22,10 @@ RUNNERS = ["eager", "onnxrt", "tensorrt"]
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runners")
-    ckpt, cfg = make_checkpoint(root / "ckpt", seed=21)
-    model = load_checkpoint(ckpt)
-    onnx_path = root / "model.onnx"
-    export_model(model, onnx_path, ExportOptions(), validate=False)
-    return ckpt, onnx_path, model.cfg
+def exported(faithful):
+    """The session's random checkpoint and its prefill graph (conftest.py)."""
+    ckpt, onnx_path, _ = faithful
+    return ckpt, onnx_path, load_checkpoint(ckpt).cfg
 
 
 def make_runner(kind, exported):

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import make_checkpoint
-from hostile_helpers import one_line_exit_2, run_cli, tree
+from hostile_helpers import one_line_exit_2, run_cli, run_main, tree
 
 
 def shard_by_hand(src: Path, dst: Path, n: int = 3, index_edit=None) -> Path:
@@ -203,7 +203,7 @@ def test_cli_refuses_a_hostile_index_and_leaves_the_files_as_they_were(single, t
     d = shard_by_hand(single, tmp_path / "ckpt")
     HOSTILE[case][0](d)
     before = tree(tmp_path)
-    line = one_line_exit_2(run_cli("export", d, "-o", tmp_path / "out.onnx", "--no-validate"))
+    line = one_line_exit_2(run_main("export", d, "-o", tmp_path / "out.onnx", "--no-validate"))
     assert HOSTILE[case][1] in line
     assert tree(tmp_path) == before  # no output, no temp litter, the checkpoint untouched
 

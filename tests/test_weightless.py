@@ -136,7 +136,7 @@ def test_weightless_file_is_byte_identical_to_the_loaded_models(ckpt, tmp_path, 
 def test_a_bad_value_met_while_exporting_is_one_line_and_writes_nothing(tmp_path, name):
     """--no-validate reads no value before tracing: a NaN is first met by a lazy loader."""
     from conftest import random_tensors, write_checkpoint
-    from hostile_helpers import one_line_exit_2, run_cli, tree
+    from hostile_helpers import one_line_exit_2, run_main, tree
     from msar_export.config import MSARConfig
 
     path, cfg = make_checkpoint(tmp_path / "ckpt", seed=1, n_blocks=1)
@@ -144,6 +144,6 @@ def test_a_bad_value_met_while_exporting_is_one_line_and_writes_nothing(tmp_path
     tensors[name].view(-1)[0] = float("nan")
     write_checkpoint(path, cfg, tensors)
     before = tree(tmp_path)
-    line = one_line_exit_2(run_cli("export", path, "-o", tmp_path / "m.onnx", "--no-validate"))
+    line = one_line_exit_2(run_main("export", path, "-o", tmp_path / "m.onnx", "--no-validate"))
     assert f"tensor '{name}' holds NaN or Inf values" in line
     assert tree(tmp_path) == before
