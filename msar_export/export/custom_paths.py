@@ -7,6 +7,7 @@ placeholder), so these paths are used by the exporter alone."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..model.layers import f32
 from ..model.lm import DepthPath, EagerDepthPath
@@ -101,8 +102,10 @@ class RetrievalOpPath(EagerDepthPath):
             return super().expand(i, x)
         x = self.masked(x)
         keep = self.model.cfg.kmax - 1
-        hist = self.history[i] if self.history is not None else x.new_zeros(x.shape[0], keep, x.shape[2])
-        window = torch.cat([hist[:, hist.shape[1] - keep:].to(x.dtype), x], dim=1)
+        if self.history is None:  # a Pad, not a Concat with zeros: float16 converters retype Pad's input
+            window = F.pad(x, (0, 0, keep, 0))
+        else:
+            window = torch.cat([self.history[i][:, self.history[i].shape[1] - keep:].to(x.dtype), x], dim=1)
         self.conv_states.append(window[:, window.shape[1] - keep:])
         return source_views_op(self.conv_taps[i], window, self.model.cfg)
 

@@ -119,7 +119,10 @@ def remove_identity_casts(model: ir.Model) -> int:
 
 
 # Ops whose output has their first input's element type.
-_TYPE_PRESERVING = {"Concat", "Slice", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Expand", "Split"}
+_TYPE_PRESERVING = {"Concat", "Slice", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Expand", "Split",
+                    # arithmetic: what the inlined SourceViews / DepthRetrieval / StreamGate bodies end in
+                    "Add", "Sub", "Mul", "Div", "MatMul", "Conv", "ReduceSum", "ReduceMean", "Sigmoid", "Sqrt",
+                    "Softmax"}
 
 
 def _dtype_of(value: ir.Value, depth: int = 16) -> ir.DataType | None:
