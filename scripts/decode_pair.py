@@ -1,0 +1,49 @@
+"""Decode steps of two or more decode graphs side by side, interleaved in one process:
+each graph's ms per step (after a 64-token prompt, 16 steps per run, median of 7 runs) and
+its ratio to the first graph (the median of the pairwise ratios).
+
+    python scripts/decode_pair.py --batch 8 standard.decode.onnx msar.decode.onnx [--threads 1 --cpu-time]
+
+--cpu-time with --threads 1 measures process CPU time instead of wall time: a ratio that
+holds on a machine shared with other work (docs/ort_kernels.md used it while helpers ran)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from msar_export.bench.run import ort_decode_steps
+from msar_export.runtime import OrtDecoder
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("graphs", nargs="+")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpu-time", action="store_true")
+    args = ap.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    torch.manual_seed(0)
+    prompt = torch.randint(0, 256, (args.batch, 64))
+    runs = [ort_decode_steps(OrtDecoder(p, threads=args.threads), prompt, 16) for p in args.graphs]
+    for run in runs:
+        run()
+    times = [[] for _ in runs]
+    for _ in range(7):
+        for i, run in enumerate(runs):
+            t0 = clock()
+            run()
+            times[i].append((clock() - t0) / 16 * 1e3)
+    base = np.array(times[0])
+    for path, t in zip(args.graphs, times):
+        t = np.array(t)
+        print(f"batch {args.batch}, {args.threads} thread(s){' CPU time' if args.cpu_time else ''}: {path}: "
+              f"{np.median(t):.2f} ms/step, ratio to the first {np.median(t / base):.3f}")
+
+
+if __name__ == "__main__":
+    main()
