@@ -7,7 +7,6 @@ placeholder), so these paths are used by the exporter alone."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..model.layers import f32
 from ..model.lm import DepthPath, EagerDepthPath
@@ -100,13 +99,8 @@ class RetrievalOpPath(EagerDepthPath):
     def expand(self, i, x):
         if self.conv_taps is None:
             return super().expand(i, x)
-        x = self.masked(x)
-        keep = self.model.cfg.kmax - 1
-        if self.history is None:  # a Pad, not a Concat with zeros: float16 converters retype Pad's input
-            window = F.pad(x, (0, 0, keep, 0))
-        else:
-            window = torch.cat([self.history[i][:, self.history[i].shape[1] - keep:].to(x.dtype), x], dim=1)
-        self.conv_states.append(window[:, window.shape[1] - keep:])
+        window = self.window(i, self.masked(x))
+        self.record_conv_state(window)
         return source_views_op(self.conv_taps[i], window, self.model.cfg)
 
     def add_source(self, i, x):

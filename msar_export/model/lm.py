@@ -60,12 +60,17 @@ class DepthPath:
         # for fp16 converters to mistype (see rotary_table).
         return x if self.source_mask is None else torch.where(self.source_mask[..., None].bool(), x, 0.0)
 
-    def record_conv_state(self, i: int, x: torch.Tensor) -> None:
-        """Keep the last kmax-1 positions of source i (after masking) for the next step."""
+    def window(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Source i's kmax-1 positions of history (zeros at a sequence start), then x (after masking).
+        The zeros are a Pad, not a Concat with a zero tensor: float16 converters retype Pad's input."""
         keep = self.model.cfg.kmax - 1
-        hist = self.history[i] if self.history is not None else x.new_zeros(x.shape[0], keep, x.shape[2])
-        window = torch.cat([hist.to(x.dtype), x], dim=1)
-        self.conv_states.append(window[:, window.shape[1] - keep :])
+        if self.history is None:
+            return F.pad(x, (0, 0, keep, 0))
+        return torch.cat([self.history[i].to(x.dtype), x], dim=1)
+
+    def record_conv_state(self, window: torch.Tensor) -> None:
+        """Keep the window's last kmax-1 positions (DepthPath.window) for the next step."""
+        self.conv_states.append(window[:, window.shape[1] - (self.model.cfg.kmax - 1) :])
 
 
 class ResidualSumPath(DepthPath):
@@ -101,7 +106,7 @@ class EagerDepthPath(DepthPath):
             return f32(x).unsqueeze(2)  # one identity stream
         x = self.masked(x)
         hist = self.history[i] if self.history is not None else None
-        self.record_conv_state(i, x)
+        self.record_conv_state(self.window(i, x))
         return m.sources[str(i)](x, hist, conv_op=self.conv_op)
 
     def add_source(self, i, x):

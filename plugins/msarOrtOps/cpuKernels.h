@@ -33,6 +33,24 @@ struct Parallel
     virtual void run(std::size_t total, std::size_t batch, void (*fn)(void*, std::size_t), void* data) const = 0;
 };
 
+//! What stream_kernels (first is 1) make of a conv_weight row: K taps of streams 1..m-1 back to
+//! back, and kmax, the longest kernel (so kmax-1 rows of history).
+struct StreamTaps
+{
+    int64_t K = 0, kmax = 1;
+};
+
+inline StreamTaps streamTaps(std::vector<int32_t> const& kernels)
+{
+    StreamTaps s;
+    for (std::size_t r = 1; r < kernels.size(); ++r)
+    {
+        s.K += kernels[r];
+        s.kmax = kernels[r] > s.kmax ? kernels[r] : s.kmax;
+    }
+    return s;
+}
+
 //! FusedMixer (export/contracts.py): one mixer from the raw sources.
 struct FusedMixerProblem
 {

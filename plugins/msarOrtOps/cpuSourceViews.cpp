@@ -85,12 +85,7 @@ void tile(Prepared const& P, int64_t item)
 
 void sourceViews(SourceViewsProblem const& p, Parallel const& parallel)
 {
-    int64_t K = 0, kmax = 1;
-    for (std::size_t r = 1; r < p.kernels.size(); ++r)
-    {
-        K += p.kernels[r];
-        kmax = std::max<int64_t>(kmax, p.kernels[r]);
-    }
+    auto const [K, kmax] = streamTaps(p.kernels);
     int64_t const dp = padded(p.d);
     Prepared P{&p, dp, kmax, (p.T + kTile - 1) / kTile, p.storage == Storage::kFloat32 && dp == p.d, {}, nullptr};
     if (P.inPlace)

@@ -20,7 +20,6 @@
 #include "cpuKernels.h"
 #include "msarOpContracts.h"
 
-#include <algorithm>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -143,11 +142,7 @@ struct FusedMixerKernel
         expect(x0.shape.size() == 3, op, [&] { return "sources must be [B, T, d], got " + shapeText(x0.shape); });
         int64_t const B = x0.shape[0], T = x0.shape[1], d = x0.shape[2];
         auto const m = static_cast<int64_t>(mKernels.size());
-        int64_t K = 0;
-        for (int64_t r = 1; r < m; ++r)
-        {
-            K += mKernels[r];
-        }
+        int64_t const K = msar::cpu::streamTaps(mKernels).K;
         int64_t const n = static_cast<int64_t>(count - kFixed);
         expect(q.shape == Shape{m, d}, op,
                [&] { return "query must be [m, d] = " + shapeText({m, d}) + ", got " + shapeText(q.shape); });
@@ -237,12 +232,7 @@ struct SourceViewsKernel
     {
         char const* op = kName;
         Input cw = input(ctx, 0), w = input(ctx, 1);
-        int64_t K = 0, kmax = 1;
-        for (std::size_t r = 1; r < mKernels.size(); ++r)
-        {
-            K += mKernels[r];
-            kmax = std::max<int64_t>(kmax, mKernels[r]);
-        }
+        auto const [K, kmax] = msar::cpu::streamTaps(mKernels);
         expect(w.shape.size() == 3 && w.shape[1] >= kmax - 1, op, [&] {
             return "window must be [B, kmax-1+T, d] with kmax = " + std::to_string(kmax) + ", got " + shapeText(w.shape);
         });
@@ -345,20 +335,28 @@ struct Op : Ort::CustomOpBase<Op<Kernel>, Wrapped<Kernel>, true>
     ONNXTensorElementDataType mType;
 };
 
+//! One registration per storage type (float32, float16, bfloat16).
+template <typename Kernel>
+struct Typed
+{
+    Op<Kernel> ops[3]{Op<Kernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT}, Op<Kernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
+                      Op<Kernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
+
+    void addTo(Ort::CustomOpDomain& domain) const
+    {
+        for (auto const& op : ops)
+        {
+            domain.Add(&op);
+        }
+    }
+};
+
 // The ops and their domain must outlive every session that registered them.  bfloat16 too: the
 // registered schema replaces the function's, so a type left out would make bfloat16 files invalid.
-Op<FusedMixerKernel> const gFusedMixer[] = {Op<FusedMixerKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
-                                            Op<FusedMixerKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
-                                            Op<FusedMixerKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
-Op<DepthRetrievalKernel> const gRetrieval[] = {Op<DepthRetrievalKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
-                                               Op<DepthRetrievalKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
-                                               Op<DepthRetrievalKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
-Op<SourceViewsKernel> const gViews[] = {Op<SourceViewsKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
-                                         Op<SourceViewsKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
-                                         Op<SourceViewsKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
-Op<StreamGateKernel> const gGates[] = {Op<StreamGateKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
-                                        Op<StreamGateKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
-                                        Op<StreamGateKernel>{ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}};
+Typed<FusedMixerKernel> const gFusedMixer;
+Typed<DepthRetrievalKernel> const gRetrieval;
+Typed<SourceViewsKernel> const gViews;
+Typed<StreamGateKernel> const gGates;
 std::mutex gDomainsLock;
 std::vector<Ort::CustomOpDomain> gDomains;
 
@@ -376,22 +374,10 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
     try
     {
         Ort::CustomOpDomain domain{kDomain};
-        for (auto const& op : gFusedMixer)
-        {
-            domain.Add(&op);
-        }
-        for (auto const& op : gRetrieval)
-        {
-            domain.Add(&op);
-        }
-        for (auto const& op : gViews)
-        {
-            domain.Add(&op);
-        }
-        for (auto const& op : gGates)
-        {
-            domain.Add(&op);
-        }
+        gFusedMixer.addTo(domain);
+        gRetrieval.addTo(domain);
+        gViews.addTo(domain);
+        gGates.addTo(domain);
         Ort::UnownedSessionOptions(options).Add(domain);
         std::lock_guard<std::mutex> lock(gDomainsLock);
         gDomains.push_back(std::move(domain));
