@@ -162,7 +162,8 @@ def test_source_views_match_float64(ort_ops_library, case, precision):
     assert rel_err(native, K.reference_source_views64(taps.to(t), late.to(t), kernels).numpy()) > 1e-2
 
 
-GATE_CASES = [(1, 1, 4, 40), (2, 37, 4, 37), (1, 70, 8, 130), (3, 2, 1, 16)]  # (B, T, m, d)
+# (B, T, m, d); d 64: a float32 weight read in place (whole vectors), as in a batch-8 decode step
+GATE_CASES = [(1, 1, 4, 40), (2, 37, 4, 37), (1, 70, 8, 130), (3, 2, 1, 16), (8, 1, 4, 64)]
 
 
 @pytest.mark.parametrize("precision", ["float32", "float16"])

@@ -16,7 +16,8 @@ struct Prepared
 {
     StreamGateProblem const* p;
     int64_t dp;
-    std::vector<float> weight;  // [m][m][dp]: weight[o][r] is W[o, r*d:(r+1)*d]
+    std::vector<float> copied;  // the weight as float32 rows of dp, when it cannot be read in place
+    float const* weight;        // [m][m][dp]: weight[o][r] is W[o, r*d:(r+1)*d]
     std::vector<float> bias;    // [m]
     float scale;
 };
@@ -42,7 +43,7 @@ void row(Prepared const& P, int64_t item)
         vf acc = vf{};
         for (int64_t r = 0; r < m; ++r)
         {
-            float const* w = P.weight.data() + (o * m + r) * dp;
+            float const* w = P.weight + (o * m + r) * dp;
             float const* z = tZ.data() + r * dp;
             for (int64_t c = 0; c < dp; c += kVW)
             {
@@ -64,14 +65,24 @@ void row(Prepared const& P, int64_t item)
 
 void streamGate(StreamGateProblem const& p, Parallel const& parallel)
 {
-    Prepared P{&p, padded(p.d), {}, std::vector<float>(p.m), 0.F};
-    P.weight.assign(p.m * p.m * P.dp, 0.F);
-    for (int64_t o = 0; o < p.m; ++o)
+    Prepared P{&p, padded(p.d), {}, nullptr, std::vector<float>(p.m), 0.F};
+    if (p.storage == Storage::kFloat32 && P.dp == p.d)
     {
-        for (int64_t r = 0; r < p.m; ++r)
+        // [m, m*d] in nn.Linear layout is already [m][m][d]: read where it lies (a decode step would
+        // otherwise convert every mixer's weight on every call)
+        P.weight = static_cast<float const*>(p.gate_weight);
+    }
+    else
+    {
+        P.copied.assign(p.m * p.m * P.dp, 0.F);
+        for (int64_t o = 0; o < p.m; ++o)
         {
-            loadRow(P.weight.data() + (o * p.m + r) * P.dp, p.gate_weight, (o * p.m + r) * p.d, p.d, P.dp, p.storage);
+            for (int64_t r = 0; r < p.m; ++r)
+            {
+                loadRow(P.copied.data() + (o * p.m + r) * P.dp, p.gate_weight, (o * p.m + r) * p.d, p.d, P.dp, p.storage);
+            }
         }
+        P.weight = P.copied.data();
     }
     loadRow(P.bias.data(), p.gate_bias, 0, p.m, p.m, p.storage);
     loadRow(&P.scale, p.gate_scale, 0, 1, 1, p.storage);
