@@ -5,8 +5,9 @@
  * enqueue on a non-blocking stream with a workspace off 16-byte alignment - for every dtype, decode
  * and prefill shapes in a sequence that grows and shrinks, two contexts on two threads, and (on a
  * GPU) CUDA-graph capture and replay. Every output is checked against an independent float64
- * reference and, bit for bit, against the kernel's C ABI called directly. The allocator must see no
- * call (enqueue allocates nothing), a too-small workspace must be refused without a crash.
+ * reference and, bit for bit, against the kernel's C ABI called directly. Enqueue allocates nothing:
+ * the allocator must see no call, nor (on the emulation) cudaMalloc/cudaMallocAsync; a too-small
+ * workspace must be refused without a crash. tests/test_gpu_check.py puts the old allocation back.
  *
  * Built as `pluginHarness` by plugins/tests/CMakeLists.txt: on the CUDA build of the kernels when
  * nvcc is there (scripts/gpu_check.sh runs it on a GPU), else on the CPU emulation (the test suite).
@@ -55,8 +56,19 @@ void sync(cudaStream_t s)
 {
     CHECK(cudaStreamSynchronize(s) == cudaSuccess);
 }
+//! On the device cudaMalloc is cudart's own and not counted: direct CUDA allocations are counted on the
+//! emulation only (the allocator's calls are counted on both).
+int cudaAllocationCalls()
+{
+    return 0;
+}
 #else
 constexpr bool kDevice = false; // the emulation: "device" memory is host memory, launches run at once
+extern "C" int msarEmuCudaAllocations(); // emulatedCudaMemory.cpp: cudaMalloc/cudaMallocAsync calls so far
+int cudaAllocationCalls()
+{
+    return msarEmuCudaAllocations();
+}
 void* devAlloc(size_t b)
 {
     return std::malloc(b);
@@ -464,6 +476,23 @@ void runSequence(Op const& op, DType const& t, IPluginV3* engine, IPluginResourc
 #endif
 }
 
+//! Issue 23 defect 3: enqueue may not allocate, neither through the resource context's allocator (as it did
+//! before) nor from CUDA directly (counted on the emulation). Names the kind of allocation it saw.
+void checkNoAllocation(char const* op, char const* type, CountingAllocator const& allocator, int cudaCalls)
+{
+    if (allocator.allocations != 0 || allocator.frees != 0)
+    {
+        std::printf("FAILED: %s %s: enqueue allocated through the resource context's IGpuAllocator: %d "
+                    "allocate/allocateAsync and %d deallocate/deallocateAsync calls\n",
+            op, type, allocator.allocations.load(), allocator.frees.load());
+    }
+    if (cudaCalls != 0)
+    {
+        std::printf("FAILED: %s %s: enqueue called cudaMalloc/cudaMallocAsync %d times\n", op, type, cudaCalls);
+    }
+    CHECK(allocator.allocations == 0 && allocator.frees == 0 && cudaCalls == 0);
+}
+
 template <typename Op>
 void testOp(Op const& op)
 {
@@ -474,14 +503,14 @@ void testOp(Op const& op)
         auto engine = builtAndReloaded(op, t, eps, ws);
         CountingAllocator allocator;
         FakeResourceContext resources(&allocator);
+        int const cudaBefore = cudaAllocationCalls();
         runSequence(op, t, engine.get(), &resources, 11);
         // Two execution contexts of one engine on two threads at once.
         std::thread other([&] { runSequence(op, t, engine.get(), &resources, 23); });
         runSequence(op, t, engine.get(), &resources, 37);
         other.join();
-        CHECK(allocator.allocations == 0 && allocator.frees == 0);
-        std::printf("ok: %s %s (%zu B workspace, %d allocator calls)\n", Op::kName, t.name, ws,
-            allocator.allocations.load());
+        checkNoAllocation(Op::kName, t.name, allocator, cudaAllocationCalls() - cudaBefore);
+        std::printf("ok: %s %s (%zu B workspace, no allocation in enqueue)\n", Op::kName, t.name, ws);
     }
 }
 } // namespace

@@ -179,6 +179,19 @@ public:
         std::free(memory);
         return true;
     }
+
+    // The stream-ordered calls (what the plugin used before issue 23) counted here too, not through the
+    // header's default forwarding to allocate(), which a TensorRT release may change.
+    void* allocateAsync(uint64_t const size, uint64_t const alignment, AllocatorFlags const flags,
+        cudaStream_t /*stream*/) noexcept override
+    {
+        return allocate(size, alignment, flags);
+    }
+
+    bool deallocateAsync(void* const memory, cudaStream_t /*stream*/) noexcept override
+    {
+        return deallocate(memory);
+    }
 };
 
 class FakeResourceContext : public IPluginResourceContext
