@@ -34,7 +34,7 @@ from msar_export.engines import build_engine
 from msar_export.engines.backends import cannot_run_reason, parse_compute_capabilities
 from msar_export import kernels as K
 from msar_export.errors import EngineError, InputError
-from msar_export.export.contracts import CONTRACTS, DOMAIN
+from msar_export.contracts import CONTRACTS, DOMAIN
 from msar_export.export.exporter import ExportOptions, export_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))

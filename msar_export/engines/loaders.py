@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EngineError
-from ..export.contracts import PLUGIN_NAMESPACE, PLUGIN_VERSION
+from ..contracts import PLUGIN_NAMESPACE, PLUGIN_VERSION
 from ..fileio import atomic_paths
 from .backends import apply_compute_capabilities, module_backend, prepare_rtx_parser
 from .onnx_info import OnnxInfo
