@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engines.backends import TENSORRT, Backend
+from ..engines.backends import BACKENDS, TENSORRT, Backend, installed_backends
 from ..errors import BackendUnavailable, InputError
 from ..fileio import check_input_file
 from ..graph_spec import LOGITS, GraphSpec
@@ -33,8 +33,6 @@ def tensorrt_unavailable() -> str | None:
 
 def choose_backend() -> Backend | None:
     """The backend an in-memory check engine is built with: TensorRT, else TensorRT-RTX, else None."""
-    from ..engines.backends import installed_backends
-
     have = installed_backends()
     return have[0] if have else None
 
@@ -71,8 +69,6 @@ def polygraphy_trt(backend: Backend):
     first imported), so a process that already runs one cannot switch."""
     from polygraphy import config
 
-    from ..engines.backends import BACKENDS
-
     want = backend.polygraphy_rtx
     if "polygraphy.backend.trt" not in sys.modules:
         config.USE_TENSORRT_RTX = want
@@ -93,7 +89,7 @@ def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str
     from ..engines.loaders import LoadPlugins
 
     ptrt = polygraphy_trt(backend)
-    backend.load()
+    backend.load()  # BackendUnavailable with the install hint, before Polygraphy fails to import it
     paths = check_plugin_paths(plugins)
     load = LoadPlugins(backend, [Path(p) for p in paths], [])
 
@@ -124,7 +120,7 @@ def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], preci
                          f"typed, so it cannot run in {precision}; export the graph in {precision}")
     backend = backend or choose_backend() or TENSORRT
     ptrt = polygraphy_trt(backend)
-    backend.load()
+    backend.load()  # BackendUnavailable with the install hint, before Polygraphy fails to import it
     B, T = (int(v) for v in max_shape)
     profiles = input_profiles(info.inputs, {"batch": DimRange(1, B, B), "seq": DimRange(1, T, T),
                                             "past": DimRange(0, 0, 0)})
