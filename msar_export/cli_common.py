@@ -63,6 +63,11 @@ def add_ort_ops(p, extra: tuple[str, ...] = ()) -> None:
                         f"or ${ORT_OPS_ENV})" + (f"; {', '.join(extra)}: see the command" if extra else ""))
 
 
+def say(msg: str) -> None:
+    """A progress line: stderr, so stdout keeps a command's result alone."""
+    print(f"msar-export: {msg}", file=sys.stderr, flush=True)
+
+
 def run_command(args) -> int:
     """Run a parsed subcommand: user errors one line + exit 2, bugs a traceback + exit 1."""
     if getattr(args, "ort_ops", None) in ORT_OPS_CHOICES:

@@ -16,14 +16,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .contracts import DOMAIN
 from .errors import ConfigError, OnnxModelError
 from .graph_spec import ATTENTION_MASK, META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH, GraphSpec
 from .onnx_wire import LEAVE_OUT_ABOVE, load_without_weights
 from .untrusted import contained
-
-# export/contracts.DOMAIN, which lives under export/ (whose __init__ pulls in the exporter);
-# tests/test_graph_spec.py checks that the two agree.
-DOMAIN = "msar"
 
 
 

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 
 from msar_export import cli
 from msar_export.engines import DimRange, build_engine, parse_profile, read_metadata, verify_engine_metadata
-from msar_export.engines import builder as engine_mod
+from msar_export.engines.backends import TENSORRT
 from msar_export.engines import loaders as loaders_mod
 from msar_export.engines.metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
 from msar_export.engines.onnx_info import read_onnx
@@ -186,6 +186,19 @@ def test_verify_refuses_a_changed_plan_or_tensorrt(tmp_path):
         verify_engine_metadata(plan, model, [plugin], tensorrt_version=None)
 
 
+def test_verify_refuses_a_record_of_an_unknown_backend(tmp_path):
+    # It passed, and `check --engine` then failed with "--backend must be one of ...", an option check has not.
+    plan, model, plugin = make_engine(tmp_path)
+    meta = read_metadata(plan)
+    meta.builder["backend"] = "tensorrt-llm"
+    write_metadata(plan, meta)
+    with pytest.raises(EngineError, match=r"names the backend 'tensorrt-llm', which .*; rebuild the engine"):
+        verify_engine_metadata(plan, model, [plugin], tensorrt_version=None)
+    meta.builder["backend"] = "tensorrt-rtx"  # the control: a backend it knows
+    write_metadata(plan, meta)
+    assert verify_engine_metadata(plan, model, [plugin], tensorrt_version=None).backend.label == "TensorRT-RTX"
+
+
 # ---------------------------------------------------------------------------
 # build_engine against a stand-in tensorrt module
 
@@ -243,7 +256,7 @@ class FakeTensorRT(types.ModuleType):
 
         class Parser:
             def __init__(self, network, logger):
-                self.network = network
+                self.network, self.logger = network, logger
                 self.num_errors = 0 if parse_ok else 1
 
             def set_flag(self, flag):
@@ -251,6 +264,7 @@ class FakeTensorRT(types.ModuleType):
 
             def parse(self, data, path):
                 fake.calls["parsed"] = (onnx.load_from_string(data), path)
+                self.logger.log(2, "a parser warning")  # WARNING
                 model = fake.calls["parsed"][0]
                 n = sum(node.domain == "msar" for node in model.graph.node) if plugin_layers is None else plugin_layers
                 self.network.layers = [Layer("plugin_v3")] * n + [Layer("other")]
@@ -343,7 +357,7 @@ def test_build_engine_flow(tmp_path, fake_trt):
                           timing_cache=tmp_path / "cache.bin", workspace_gb=1, progress=messages.append)
     assert plan.read_bytes() == b"serialized engine"
     assert (tmp_path / "cache.bin").read_bytes() == b"timing cache"
-    assert report.plugin_layers == 1 and len(messages) == 1
+    assert report.plugin_layers == 1 and len(messages) == 2 and messages[1] == "[TensorRT] a parser warning"
     calls = fake_trt.calls
     assert calls["network_flags"] == 1 << 5  # strongly typed
     # plugin override on the parser; TF32 cleared (float32 stays float32); no other builder flag
@@ -358,6 +372,17 @@ def test_build_engine_flow(tmp_path, fake_trt):
     assert meta.dtype == "float32" and meta.builder["plugin_layers"] == 1
     assert meta.builder["backend"] == "tensorrt" and meta.builder["tf32"] is False
     assert "built" in report.summary()
+
+
+def test_build_engine_reports_through_progress_and_never_prints(tmp_path, fake_trt, capsys):
+    # TensorRT's warnings went to print(), past the caller's progress callback.
+    model = tiny_onnx(tmp_path / "m.onnx", custom=False)
+    messages = []
+    build_engine(model, tmp_path / "m.plan", progress=messages.append)
+    assert capsys.readouterr() == ("", "")
+    assert "[TensorRT] a parser warning" in messages
+    build_engine(model, tmp_path / "n.plan")  # no callback: nothing said, nothing printed
+    assert capsys.readouterr() == ("", "")
 
 
 def test_build_engine_needs_plugins_for_custom_nodes(tmp_path, fake_trt):
@@ -399,7 +424,7 @@ def test_build_engine_reports_missing_creators_and_parse_errors(tmp_path, fake_t
 def test_tensorrt_import_error_is_backend_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     with pytest.raises(BackendUnavailable, match=r"^TensorRT is not installed \(import tensorrt failed: "):
-        engine_mod.import_tensorrt()
+        TENSORRT.load()
 
 
 def test_inputs_outside_the_profile_are_refused():

@@ -12,7 +12,8 @@ import torch
 
 from conftest import load_cfg, load_tensors, make_checkpoint, trained_checkpoint
 from msar_export import generate, load_checkpoint
-from msar_export.export import CONTRACTS, DOMAIN, ExportOptions, export_checkpoint
+from msar_export.contracts import CONTRACTS, DOMAIN
+from msar_export.export import ExportOptions, export_checkpoint
 from msar_export.runtime import OrtDecoder, OrtModel
 from msar_export.verdict import rel_err
 from reference64 import reference_logits
@@ -249,7 +250,7 @@ def test_large_models_use_external_data(ckpts, tmp_path, monkeypatch):
 def test_custom_ops_doc_is_generated_from_the_contracts():
     from pathlib import Path
 
-    from msar_export.export.contracts import render_markdown
+    from msar_export.contracts import render_markdown
 
     doc = Path(__file__).resolve().parent.parent / "docs" / "custom_ops.md"
     assert doc.read_text() == render_markdown(), "regenerate docs/custom_ops.md from contracts.render_markdown()"

@@ -52,13 +52,6 @@ def test_prefill_spec_and_hidden_names():
     assert spec.next_cache({"logits": 1}) == {}
 
 
-def test_graph_file_names_the_msar_domain_as_the_contracts_do():
-    from msar_export.export.contracts import DOMAIN
-    from msar_export.graph_file import DOMAIN as GRAPH_FILE_DOMAIN
-
-    assert GRAPH_FILE_DOMAIN == DOMAIN
-
-
 @pytest.mark.parametrize("residual", ["msar", "standard"])
 def test_feeds_and_torch_dims_follow_the_ports(residual):
     cfg = MSARConfig(n_blocks=3, residual=residual)

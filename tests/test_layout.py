@@ -1,6 +1,7 @@
-"""The package's shape (docs/architecture.md): no import cycle between its modules,
-lazy imports included; no module over the size a reader takes in at once; no path
-that reaches outside the package (it must work installed as a wheel)."""
+"""The package's shape (docs/architecture.md): every import, lazy ones included, goes
+down the floors the document draws and none forms a cycle; no module over the size a
+reader takes in at once; no path that reaches outside the package (it must work
+installed as a wheel)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "msar_export"
+DOC = PKG.parent / "docs" / "architecture.md"
 MAX_LINES = 420  # "about 400" (issue 13)
 
 
@@ -72,6 +74,95 @@ def cycles(graph) -> list[list[str]]:
         if v not in index:
             visit(v)
     return out
+
+
+# The floors are read from the drawing itself, so the document and this test cannot disagree.
+_NAME = re.compile(r"^[a-z_0-9]+(/|\.py)$")
+
+
+def floors_from(markdown: str) -> list[list[str]]:
+    """The drawing's floors, top first: one per row, each a list of entries ("serving/load/",
+    "cli.py"). A package row names its package (the words after it are its modules); a
+    module row names every module it starts with. Rows that continue a description are
+    skipped; the drawing of the package ends at the first row outside its tree."""
+    rows = markdown.split("```", 2)[1].splitlines()[1:]
+    floors, parents = [], {}
+    for i, row in enumerate(rows):
+        if i and row[:1] not in (" ", "│", "├", "└"):
+            break
+        rest = row.lstrip(" │├└─")
+        words = rest.split()
+        if not words or not _NAME.match(words[0]):
+            continue
+        depth = (len(row) - len(rest) + 2) // 4 if i else 0
+        if words[0].endswith("/"):
+            parents[depth] = parents.get(depth - 1, "") + words[0]
+            floors.append([parents[depth]])
+        else:
+            floors.append([w for w in _leading(words) if w.endswith(".py")])
+    return floors
+
+
+def _leading(words):
+    for w in words:
+        if not _NAME.match(w):
+            return
+        yield w
+
+
+def entry_of(module: str, entries) -> str | None:
+    """The drawn entry a module belongs to: its own row, else its deepest drawn package."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__.py" if "__init__.py" in entries else None
+    for n in range(len(parts), 0, -1):
+        for name in ("/".join(parts[:n]) + "/", "/".join(parts[:n]) + ".py"):
+            if name in entries:
+                return name
+    return None
+
+
+def floor_violations(graph, floors) -> list[str]:
+    """Every import that does not go to a lower floor (upwards, or sideways to another entry
+    of its own floor); imports inside one entry are the cycle test's."""
+    level = {e: i for i, floor in enumerate(floors) for e in floor}
+    out = []
+    for a, targets in sorted(graph.items()):
+        ea = entry_of(a, level)
+        for b in sorted(targets):
+            eb = entry_of(b, level)
+            if None not in (ea, eb) and ea != eb and level[eb] <= level[ea]:  # undrawn: the test above
+                out.append(f"{a} -> {b} ({ea} floor {level[ea]} -> {eb} floor {level[eb]})")
+    return out
+
+
+def test_every_module_is_drawn_and_every_drawn_name_exists():
+    floors = floors_from(DOC.read_text())
+    entries = {e for floor in floors for e in floor}
+    assert sorted(n for n in modules() if entry_of(n, entries) is None) == []
+    assert sorted(e for e in entries if e != "__init__.py" and not (PKG / e).exists()) == []
+
+
+def test_imports_go_down_the_drawn_floors():
+    assert floor_violations(imports(modules()), floors_from(DOC.read_text())) == []
+
+
+def test_floor_check_finds_an_upward_and_a_sideways_import():  # the negative control of the two above
+    drawing = """```
+cli.py
+ ├─ app/   cli.py           the top stage
+ │   └─ load/                   drawn inside app/
+ │          more text          a description that goes on
+ ├─ low.py side.py          two modules on one floor
+ └─ errors.py
+plugins/                    not the package
+```"""
+    floors = floors_from(drawing)
+    assert floors == [["cli.py"], ["app/"], ["app/load/"], ["low.py", "side.py"], ["errors.py"]]
+    graph = {"p.cli": {"p.app.cli", "p.errors"}, "p.app.cli": {"p.app.load.job", "p.app.x"},
+             "p.app.load.job": {"p.app.x", "p.low"}, "p.low": {"p.side", "p.errors"}, "p.errors": set()}
+    assert floor_violations(graph, floors) == ["p.app.load.job -> p.app.x (app/load/ floor 2 -> app/ floor 1)",
+                                               "p.low -> p.side (low.py floor 3 -> side.py floor 3)"]
 
 
 def test_no_import_cycles():

@@ -21,7 +21,7 @@ from plugin_build import PLUGINS, cmake_build, emulation, run_cpp_test, trt_head
 
 from msar_export import kernels as K
 from msar_export.export.contract_headers import render_headers
-from msar_export.export.contracts import DEPTH_RETRIEVAL, FUSED_MIXER, PLUGIN_CONTRACTS, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from msar_export.contracts import DEPTH_RETRIEVAL, FUSED_MIXER, PLUGIN_CONTRACTS, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
 REPO = PLUGINS.parent
 README = {"FusedMixer": PLUGINS / "msarFusedMixerPlugin" / "README.md",

@@ -31,10 +31,12 @@ import onnx
 import pytest
 
 from msar_export.engines import build_engine
-from msar_export.engines.backends import cannot_run_reason, parse_compute_capabilities
+from msar_export.engines.backends import TENSORRT_RTX
+from msar_export.engines.cuda import cannot_run_reason
+from msar_export.engines.targets import parse_compute_capabilities
 from msar_export import kernels as K
 from msar_export.errors import EngineError, InputError
-from msar_export.export.contracts import CONTRACTS, DOMAIN
+from msar_export.contracts import CONTRACTS, DOMAIN
 from msar_export.export.exporter import ExportOptions, export_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -227,8 +229,6 @@ def test_graphs_without_msar_nodes_build(graphs, tmp_path, key):
 @pytest.mark.parametrize("key", [("msar", "prefill", "fused", "float32"), ("attnres", "decode", "custom", "bfloat16")],
                          ids=["msar-prefill-fused", "attnres-decode-custom"])
 def test_msar_nodes_without_plugins_fail_with_the_parsers_error(graphs, key):
-    import tensorrt_rtx as trt
-
     from msar_export.engines.loaders import NetworkFromOnnx, make_logger
     from msar_export.engines.onnx_info import read_onnx
 
@@ -236,7 +236,7 @@ def test_msar_nodes_without_plugins_fail_with_the_parsers_error(graphs, key):
     op = sorted(info.custom_ops)[0]
     msgs = []
     with pytest.raises(EngineError) as e:
-        NetworkFromOnnx(trt, info, make_logger(trt, echo=msgs.append))()
+        NetworkFromOnnx(TENSORRT_RTX, info, make_logger(TENSORRT_RTX, echo=msgs.append))()
     text = str(e.value)
     assert text.startswith(f"TensorRT could not parse {graphs[key].name}: ")
     assert op in text and "plugin" in text.lower(), text
@@ -312,7 +312,7 @@ def test_custom_op_graphs_build_with_plugin_layers(graphs, plugin_library, tmp_p
 def test_check_engine_verifies_metadata_and_says_it_did_not_run(graphs, tmp_path, capsys, key):
     from msar_export.cli import main
 
-    reason = cannot_run_reason("tensorrt-rtx")
+    reason = cannot_run_reason(TENSORRT_RTX)
     if reason is None:
         pytest.skip("an RTX-class GPU is present: the engine would run")
     onnx_path, plan = graphs[key], tmp_path / "m.plan"
@@ -380,7 +380,7 @@ def test_generate_engine_decode_loop(graphs, tmp_path, capsys):
 
     with pytest.raises(EngineError, match="outside the engine's optimisation profile"):
         dec.generate([[1] * 20], max_new_tokens=8)  # prompt 20 > seq max 8
-    reason = cannot_run_reason("tensorrt-rtx")
+    reason = cannot_run_reason(TENSORRT_RTX)
     if reason is not None:  # no GPU: one line, exit 2, after the build record was checked
         rc = main(["generate", "--onnx", str(onnx_path), "--engine", str(plan), "--max-new-tokens", "2"])
         err = capsys.readouterr().err.strip()
@@ -415,7 +415,7 @@ def test_build_refuses_an_unknown_compute_capability_in_one_line(graphs, tmp_pat
 
 
 def test_no_gpu_here_is_named():
-    reason = cannot_run_reason("tensorrt-rtx")
+    reason = cannot_run_reason(TENSORRT_RTX)
     if reason is None:
         pytest.skip("an RTX-class GPU is present")
     assert reason and "\n" not in reason

@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from ..export.contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE
+from ..contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE
 from ..export.custom_paths import pack_conv_rows
 from ..export.functions import (depth_retrieval_function, fused_mixer_function, ir_attributes, source_views_function,
                                 stream_gate_function)

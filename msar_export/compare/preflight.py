@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import MSARConfig
+from ..engines.backends import Backend
 from ..errors import EngineError, InputError, OnnxModelError
 from ..graph_file import ExportedGraph
 from ..graph_spec import INPUT_IDS, LOGITS, GraphSpec
@@ -105,7 +106,7 @@ class TensorRTPlan:
     """What the TensorRT backend does in this check: run (skip is None) or why not."""
 
     skip: str | None
-    backend: str | None = None  # "tensorrt" | "tensorrt-rtx"
+    backend: Backend | None = None
     precision: str | None = None  # what the engine computes in, and is judged at
     optional: tuple = ()  # outputs the engine may lack (a shipped engine: every hidden.{l})
     max_shape: tuple | None = None  # the in-memory engine's profile maximum (batch, seq)
@@ -187,7 +188,7 @@ def _tensorrt_plan(o, graph: GraphInfo, engine: Path | None, meta, shapes, hidde
     if engine is not None:
         # A shipped engine may expose only the logits; --dtype names its precision, never
         # stricter than the graph's (an engine from an fp16 graph is fp16).
-        return TensorRTPlan(engine_not_run_reason(engine, meta), meta.builder.get("backend", "tensorrt"),
+        return TensorRTPlan(engine_not_run_reason(engine, meta), meta.backend,
                             looser(o.dtype or graph.precision, graph.precision), tuple(hidden))
     if graph.decode:
         return TensorRTPlan("decode graphs are checked on ONNX Runtime only (no in-memory engine profile for the "

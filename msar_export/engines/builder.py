@@ -13,30 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BackendUnavailable, InputError, OnnxModelError
+from ..errors import InputError, OnnxModelError
 from ..fileio import check_input_file, check_outputs
 from ..graph_file import inputs_of
-from .backends import _cc, check_compute_capabilities, get_backend, import_backend, parse_compute_capabilities
+from .backends import BACKENDS, Backend, get_backend
 from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
-from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.engines.builder.make_logger)
+from .loaders import make_logger
 from .metadata import EngineMetadata, FileRecord, metadata_path, read_metadata
 from .onnx_info import OnnxInfo, read_onnx
 from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_profile
+from .targets import cc_text, check_compute_capabilities, parse_compute_capabilities
 
 DTYPES = ("float32", "float16", "bfloat16")
-
-
-def import_tensorrt(backend: str = "tensorrt"):
-    """`import tensorrt` (or tensorrt_rtx), or BackendUnavailable with what to do."""
-    if backend == "tensorrt":
-        try:
-            import tensorrt
-        except Exception as e:  # ImportError, or OSError from a broken install's libraries
-            raise BackendUnavailable(f"TensorRT is not installed (import tensorrt failed: {e}); "
-                                     "build engines on a machine with TensorRT, or use --backend tensorrt-rtx "
-                                     "(pip install -e '.[rtx]': its builder needs no GPU)") from None
-        return tensorrt
-    return import_backend(backend)
 
 
 @dataclass
@@ -52,12 +40,11 @@ class BuildReport:
     def summary(self) -> str:
         shapes = ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in self.meta.shapes.items())
         b = self.meta.builder
-        label = "TensorRT-RTX" if b.get("backend") == "tensorrt-rtx" else "TensorRT"
         lines = [
-            f"built {self.plan} ({self.meta.dtype}, {label} {self.meta.tensorrt_version}, "
+            f"built {self.plan} ({self.meta.dtype}, {self.meta.backend.label} {self.meta.tensorrt_version}, "
             f"{self.plan_bytes / 1e6:.1f} MB, {self.seconds:.1f} s)",
             f"  plugin layers: {self.plugin_layers}   profile: {shapes}   tf32: {'on' if b.get('tf32') else 'off'}"
-            + (f"   targets: {', '.join(_cc(n) for n in b['compute_capabilities'])}"
+            + (f"   targets: {', '.join(cc_text(n) for n in b['compute_capabilities'])}"
                if b.get("compute_capabilities") else ""),
         ]
         if self.inspection is not None:
@@ -76,11 +63,6 @@ class BuildReport:
         return "\n".join(lines)
 
 
-def load_plugins(trt, libs: list[Path], needed: list[str]) -> None:
-    """Load plugin libraries and check every op in `needed` has a creator (loaders.LoadPlugins)."""
-    LoadPlugins(trt, libs, needed)()
-
-
 def _check_dtype(info: OnnxInfo, dtype: str | None) -> str:
     if dtype is not None and dtype not in DTYPES:
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -91,32 +73,28 @@ def _check_dtype(info: OnnxInfo, dtype: str | None) -> str:
     return dtype or info.dtype or "float32"
 
 
-def _ranges(info: OnnxInfo, shapes) -> dict[str, DimRange]:
-    ranges = default_ranges(info.graph, info.max_seq_len)
-    ranges.update(shapes if isinstance(shapes, dict) else parse_profile(shapes))
-    return ranges
-
-
 def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtype: str | None = None,
                  shapes: dict[str, DimRange] | list[str] | str | None = None,
                  plugin_libs: list[str | os.PathLike] | tuple = (), timing_cache: str | os.PathLike | None = None,
                  workspace_gb: float | None = None, verbose: bool = False,
-                 progress: Callable[[str], None] | None = None, backend: str = "tensorrt",
-                 compute_capabilities=None, tf32: bool = False) -> BuildReport:
+                 progress: Callable[[str], None] | None = None, backend: Backend | str = "tensorrt",
+                 compute_capabilities: list[str] | str | None = None, tf32: bool = False) -> BuildReport:
     """Build `out_plan` from `onnx_path` and write `<out_plan>.json` next to it.
 
-    shapes: min/opt/max per dim name (batch, seq, past), as DimRange objects or
-    "batch=1/4/8,seq=1/128/512" strings; unspecified dims get defaults.
+    shapes: min/opt/max per dim name (batch, seq, past), as DimRange objects (the CLI parses
+    --profile) or "batch=1/4/8,seq=1/128/512" strings; unspecified dims get defaults.
     plugin_libs: libmsar_plugins.so (needed when the file has msar custom nodes).
     timing_cache: read if it exists, written back after the build.
-    backend: "tensorrt" or "tensorrt-rtx" (builds without a GPU).
-    compute_capabilities: TensorRT-RTX targets, e.g. ["8.6", "12.0"] (default: the library's).
+    backend: a Backend or its name, "tensorrt" or "tensorrt-rtx" (builds without a GPU).
+    compute_capabilities: TensorRT-RTX targets, e.g. ["8.6", "12.0"] or parsed ["SM86"] (default: the library's).
+    progress: gets every line meant for a person (steps, TensorRT's warnings, with verbose
+    its whole log); nothing is printed here.
     tf32: allow TF32 for float32 matmuls (off by default; recorded in the metadata).
     """
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     onnx_path, out_plan = Path(onnx_path), Path(out_plan)
-    get_backend(backend)
+    backend = get_backend(backend)
     if not onnx_path.is_file():
         raise OnnxModelError(f"ONNX file {onnx_path} does not exist")
     libs = [Path(p).resolve() for p in plugin_libs]
@@ -125,13 +103,14 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
     # The whole output set, before parsing or building: plan, metadata and timing cache are each
     # a new or regular file, none of them the ONNX model or a plugin (the cache once replaced the model).
     check_outputs([out_plan, metadata_path(out_plan), timing_cache], [*inputs_of(onnx_path), *libs])
-    if isinstance(shapes, (str, list)):
-        parse_profile(shapes)  # user errors before the slow parts
+    given = shapes if isinstance(shapes, dict) else parse_profile(shapes)  # user errors before the slow parts
     targets = parse_compute_capabilities(compute_capabilities)
-    if targets and backend != "tensorrt-rtx":
-        raise InputError("--compute-capability is a TensorRT-RTX option; add --backend tensorrt-rtx")
-    trt = import_tensorrt(backend)
-    check_compute_capabilities(trt, targets)
+    if targets and not backend.targets:
+        can = [b for b in BACKENDS.values() if b.targets]
+        raise InputError(f"--compute-capability is a {'/'.join(b.label for b in can)} option; add --backend "
+                         + " or ".join(b.name for b in can))
+    trt = backend.load()
+    check_compute_capabilities(backend, targets)
 
     info = read_onnx(onnx_path)
     dtype = _check_dtype(info, dtype)
@@ -139,16 +118,16 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
         ops = ", ".join(f"msar::{k} x{v}" for k, v in sorted(info.custom_ops.items()))
         raise OnnxModelError(f"{onnx_path.name} has msar custom nodes ({ops}); pass --plugins path/to/libmsar_plugins.so "
                              "or export with --decomposed")
-    ranges = _ranges(info, shapes)
+    ranges = {**default_ranges(info.graph, info.max_seq_len), **given}
     profiles = input_profiles(info.inputs, ranges)
 
-    logger = make_logger(trt, verbose, echo=lambda m: print(m, flush=True))
-    plugins = LoadPlugins(trt, libs, sorted(info.custom_ops)) if libs else None
-    network = NetworkFromOnnx(trt, info, logger, plugins, say=say)
+    logger = make_logger(backend, verbose, echo=say)
+    plugins = LoadPlugins(backend, libs, sorted(info.custom_ops)) if libs else None
+    network = NetworkFromOnnx(backend, info, logger, plugins, say=say)
     cache = Path(timing_cache) if timing_cache is not None else None
-    config = CreateConfig(trt, profiles, tf32=tf32, workspace_gb=workspace_gb, timing_cache=cache,
+    config = CreateConfig(backend, profiles, tf32=tf32, workspace_gb=workspace_gb, timing_cache=cache,
                           compute_capabilities=targets)
-    say(f"parsing {onnx_path} ({info.graph}, {dtype}) and building the engine with {get_backend(backend).label} "
+    say(f"parsing {onnx_path} ({info.graph}, {dtype}) and building the engine with {backend.label} "
         f"{trt.__version__}")
     from .. import __version__
 
@@ -159,7 +138,7 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
             plugins=[FileRecord.of(lib) for lib in libs], plan_sha256=plan_sha256, profiles=profiles,
             shapes={k: ranges[k].as_list() for k in DIM_NAMES if k in ranges},
             builder={"msar_export": __version__, "graph": info.graph, "plugin_layers": len(ins.plugin_layers),
-                     "backend": backend, "tf32": bool(tf32), "compute_capabilities": targets,
+                     "backend": backend.name, "tf32": bool(tf32), "compute_capabilities": targets,
                      "strongly_typed": True, "inspection": ins.summary(),
                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).to_json()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..cli_common import add_dtype, add_plugins
 from ..numbers import GIB
+from .backends import BACKENDS, TENSORRT
 
 DESCRIPTION = """Build a TensorRT engine from an ONNX file made by `msar-export export`.
 The network is strongly typed, so the precision is the ONNX file's (export with
@@ -19,11 +20,14 @@ and its engines run on RTX-class GPUs. TF32 is off unless --tf32."""
 
 def cmd_build(a) -> int:
     from .builder import build_engine
+    from .profiles import parse_profile
+    from .targets import parse_compute_capabilities
 
-    report = build_engine(a.onnx, a.output, dtype=a.dtype, shapes=a.profile, plugin_libs=a.plugins,
+    # The list options, parsed once into the typed values the builder takes.
+    report = build_engine(a.onnx, a.output, dtype=a.dtype, shapes=parse_profile(a.profile), plugin_libs=a.plugins,
                           timing_cache=a.timing_cache, workspace_gb=a.workspace_gb, verbose=a.verbose,
-                          progress=lambda msg: print(msg, flush=True), backend=a.backend,
-                          compute_capabilities=a.compute_capability, tf32=a.tf32)
+                          progress=lambda msg: print(msg, flush=True), backend=BACKENDS[a.backend],
+                          compute_capabilities=parse_compute_capabilities(a.compute_capability), tf32=a.tf32)
     print(report.summary())
     return 0
 
@@ -38,7 +42,7 @@ def register(subparsers) -> None:
                    help="optimisation profile for the dynamic dims batch, seq, past, e.g. "
                         "batch=1/4/8,seq=1/128/512 (repeatable; defaults: batch=1/1/8, seq up to max_seq_len)")
     add_plugins(p, "plugin libraries to load (required when the file has msar custom nodes)")
-    p.add_argument("--backend", choices=("tensorrt", "tensorrt-rtx"), default="tensorrt",
+    p.add_argument("--backend", choices=tuple(BACKENDS), default=TENSORRT.name,
                    help="which TensorRT builds the engine (default tensorrt; tensorrt-rtx builds with no GPU)")
     p.add_argument("--compute-capability", action="append", default=[], metavar="X.Y[,X.Y]",
                    help="TensorRT-RTX target GPUs, e.g. 8.6,12.0 (repeatable; default: the library's default)")

@@ -2,9 +2,9 @@
 loaders in Polygraphy's style (each is a callable that does its work when
 called, taking the loaders before it), for TensorRT and TensorRT-RTX alike.
 
-    plugins = LoadPlugins(trt, libs, needed_ops)
-    network = NetworkFromOnnx(trt, info, logger, plugins, outputs=None)   # strongly typed
-    config = CreateConfig(trt, profiles, tf32=False, compute_capabilities=[...])
+    plugins = LoadPlugins(backend, libs, needed_ops)
+    network = NetworkFromOnnx(backend, info, logger, plugins, outputs=None)   # strongly typed
+    config = CreateConfig(backend, profiles, tf32=False, compute_capabilities=[...])
     engine = EngineFromNetwork(network, config)                          # -> BuiltEngine
     SaveEngine(engine, "model.plan")()
 
@@ -16,7 +16,7 @@ cleared unless asked for (float32 stays float32), and the choice is recorded.
 
 Polygraphy's own loaders are not used for the build because Polygraphy picks
 `tensorrt` or `tensorrt_rtx` once per process (POLYGRAPHY_USE_TENSORRT_RTX at
-import), while this chain takes the module it is given.
+import), while this chain takes the backend it is given (engines.backends.Backend).
 """
 
 from __future__ import annotations
@@ -28,16 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EngineError
-from ..export.contracts import PLUGIN_NAMESPACE, PLUGIN_VERSION
+from ..contracts import PLUGIN_NAMESPACE, PLUGIN_VERSION
 from ..fileio import atomic_paths
-from .backends import apply_compute_capabilities, module_backend, prepare_rtx_parser
+from .backends import Backend
 from .onnx_info import OnnxInfo
+from .rtx_parser import prepare_rtx_parser
+from .targets import apply_compute_capabilities
 
 
-def make_logger(trt, verbose: bool = False, echo=print):
+def make_logger(backend: Backend, verbose: bool = False, echo=None):
     """A trt.ILogger that keeps every message (the engine inspection reads the
     builder's layer report from them), keeps errors for exception messages, and
-    echoes warnings (everything if verbose)."""
+    hands warnings (everything if verbose) to `echo` (none: kept only)."""
+    trt = backend.load()
 
     class Logger(trt.ILogger):
         def __init__(self):
@@ -50,8 +53,8 @@ def make_logger(trt, verbose: bool = False, echo=print):
             self.messages.append(msg)
             if level <= 1:
                 self.errors.append(msg)
-            if level <= (4 if verbose else 2):
-                echo(f"[{'TensorRT-RTX' if module_backend(trt) == 'tensorrt-rtx' else 'TensorRT'}] {msg}")
+            if echo is not None and level <= (4 if verbose else 2):
+                echo(f"[{backend.label}] {msg}")
 
     return Logger()
 
@@ -69,11 +72,11 @@ class LoadPlugins:
     registration); a library that only exports getCreators (the _dynamic
     flavour) is handed to the plugin registry's load_library instead."""
 
-    def __init__(self, trt, libs: list[Path], needed: list[str]):
-        self.trt, self.libs, self.needed = trt, [Path(p) for p in libs], list(needed)
+    def __init__(self, backend: Backend, libs: list[Path], needed: list[str]):
+        self.backend, self.libs, self.needed = backend, [Path(p) for p in libs], list(needed)
 
     def __call__(self) -> list[Path]:
-        trt = self.trt
+        trt = self.backend.load()
         for lib in self.libs:
             try:
                 ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
@@ -126,16 +129,17 @@ class NetworkFromOnnx:
     model path (external data). Checks that every msar node became a plugin
     layer. `outputs`: extra tensors to mark as outputs (e.g. every hidden.{l})."""
 
-    def __init__(self, trt, info: OnnxInfo, logger, plugins: LoadPlugins | None = None, outputs=None, say=None):
-        self.trt, self.info, self.logger, self.plugins = trt, info, logger, plugins
+    def __init__(self, backend: Backend, info: OnnxInfo, logger, plugins: LoadPlugins | None = None, outputs=None,
+                 say=None):
+        self.backend, self.info, self.logger, self.plugins = backend, info, logger, plugins
         self.outputs, self.say = list(outputs or ()), say
 
     def __call__(self) -> ParsedNetwork:
-        trt, info = self.trt, self.info
+        trt, info = self.backend.load(), self.info
         if self.plugins is not None:
             self.plugins()
         if info.custom_ops:
-            prepare_rtx_parser(trt, self.say)
+            prepare_rtx_parser(self.backend, self.say)
         builder = trt.Builder(self.logger)
         flags = 0
         if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):  # always on from TensorRT 11 / RTX
@@ -196,16 +200,17 @@ def _plugin_name(trt, layer) -> str:
 class CreateConfig:
     """The builder config: one optimisation profile, TF32 cleared unless `tf32`,
     no precision flags, optional workspace limit, timing cache and (TensorRT-RTX)
-    target compute capabilities; detailed profiling so the builder reports its layers."""
+    target compute capabilities, already checked (targets.check_compute_capabilities); detailed
+    profiling so the builder reports its layers."""
 
-    def __init__(self, trt, profiles: dict, tf32: bool = False, workspace_gb: float | None = None,
+    def __init__(self, backend: Backend, profiles: dict, tf32: bool = False, workspace_gb: float | None = None,
                  timing_cache: Path | None = None, compute_capabilities: list[str] | None = None):
-        self.trt, self.profiles, self.tf32 = trt, profiles, tf32
+        self.backend, self.profiles, self.tf32 = backend, profiles, tf32
         self.workspace_gb, self.timing_cache = workspace_gb, timing_cache
         self.compute_capabilities = list(compute_capabilities or [])
 
     def __call__(self, builder, network):
-        trt = self.trt
+        trt = self.backend.load()
         config = builder.create_builder_config()
         profile = builder.create_optimization_profile()
         for name, p in self.profiles.items():

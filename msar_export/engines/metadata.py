@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import EngineError
 from ..fileio import atomic_write_text, check_input_file, file_sha256
+from .backends import BACKENDS, TENSORRT, Backend
 
 METADATA_FORMAT = 1
 _INSTALLED = "installed"
@@ -50,6 +51,15 @@ class EngineMetadata:
     shapes: dict = field(default_factory=dict)  # batch/seq/past -> [min, opt, max]
     builder: dict = field(default_factory=dict)
     format: int = METADATA_FORMAT
+
+    @property
+    def backend(self) -> Backend:
+        """The backend the engine was built with (records older than the field: TensorRT)."""
+        name = self.builder.get("backend", TENSORRT.name)
+        if not isinstance(name, str) or name not in BACKENDS:
+            raise EngineError(f"the engine's build record names the backend {name!r}, which this msar-export does "
+                              f"not know (it knows {', '.join(BACKENDS)}); rebuild the engine")
+        return BACKENDS[name]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -126,18 +136,12 @@ def verify_engine_metadata(plan: str | os.PathLike, onnx_path: str | os.PathLike
             problems.append(f"it was built with plugin library {Path(path).name} (sha256 {_short(sha)}), "
                             "which was not given")
 
-    backend = meta.builder.get("backend", "tensorrt")
-    label = "TensorRT-RTX" if backend == "tensorrt-rtx" else "TensorRT"
+    backend = meta.backend
     if tensorrt_version == _INSTALLED:
-        import importlib
-
-        try:
-            tensorrt_version = importlib.import_module("tensorrt_rtx" if backend == "tensorrt-rtx"
-                                                       else "tensorrt").__version__
-        except Exception:
-            tensorrt_version = None
+        tensorrt_version = None if backend.unavailable() else getattr(backend.load(), "__version__", None)
     if tensorrt_version is not None and tensorrt_version != meta.tensorrt_version:
-        problems.append(f"it was built with {label} {meta.tensorrt_version}, this is {label} {tensorrt_version}")
+        problems.append(f"it was built with {backend.label} {meta.tensorrt_version}, this is {backend.label} "
+                        f"{tensorrt_version}")
 
     if problems:
         raise EngineError(f"engine {plan} does not match: " + "; ".join(problems) + f"; {rebuild}")

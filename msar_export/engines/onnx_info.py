@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..config import LIMITS
 from ..errors import OnnxModelError
-from ..export.contracts import CONTRACTS, DOMAIN
+from ..contracts import CONTRACTS, DOMAIN
 from ..graph_file import ExportedGraph
 from ..graph_spec import META_CONFIG
 from ..numbers import integer

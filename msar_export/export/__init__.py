@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["CONTRACTS", "DOMAIN", "ExportOptions", "ExportReport", "export_checkpoint", "export_model"]
+__all__ = ["ExportOptions", "ExportReport", "export_checkpoint", "export_model"]
 # Imported on first use: export/handoff.py runs ONNX Runtime validation in a process without torch.
-_HOME = {"CONTRACTS": ".contracts", "DOMAIN": ".contracts", "ExportOptions": ".report", "ExportReport": ".report",
-         "export_checkpoint": ".exporter", "export_model": ".exporter"}
+_HOME = {"ExportOptions": ".report", "ExportReport": ".report", "export_checkpoint": ".exporter",
+         "export_model": ".exporter"}
 
 
 def __getattr__(name: str):

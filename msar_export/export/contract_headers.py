@@ -20,9 +20,9 @@ import re
 import sys
 from pathlib import Path
 
-from .contracts import CONTRACTS, PLUGIN_NAMESPACE, PLUGIN_VERSION, Attr, OpContract
+from ..contracts import CONTRACTS, PLUGIN_NAMESPACE, PLUGIN_VERSION, Attr, OpContract
 
-GENERATED = "Generated from msar_export/export/contracts.py by msar_export/export/contract_headers.py; do not edit."
+GENERATED = "Generated from msar_export/contracts.py by msar_export/export/contract_headers.py; do not edit."
 KERNEL_ATTRS_H = "common/msarKernelAttrs.h"
 OP_CONTRACTS_H = "common/msarOpContracts.h"
 
@@ -130,7 +130,7 @@ def render_headers() -> dict[str, str]:
 
 
 README = {"FusedMixer": "msarFusedMixerPlugin/README.md", "DepthRetrieval": "msarDepthRetrievalPlugin/README.md"}
-TABLE_BEGIN = "<!-- attribute table: generated from msar_export/export/contracts.py (contract_headers.py) -->"
+TABLE_BEGIN = "<!-- attribute table: generated from msar_export/contracts.py (contract_headers.py) -->"
 TABLE_END = "<!-- attribute table: end -->"
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..model.layers import f32
 from ..model.lm import DepthPath, EagerDepthPath
-from .contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE
+from ..contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE
 
 CONV_TAPS = "conv_taps_"  # graphs.py: source i's SourceViews taps are the buffer conv_taps_{i}
 

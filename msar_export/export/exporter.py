@@ -18,7 +18,7 @@ from ..checkpoint import load_checkpoint
 from ..errors import MsarError
 from ..memory import return_freed_memory
 from ..fileio import check_outputs
-from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
+from ..contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import function_body
 from ..graph_spec import (HIDDEN, META_CHECKPOINT, META_CONFIG, META_DECOMPOSED, META_DTYPE, META_GRAPH,
                           META_MIXER_OP, GraphSpec)

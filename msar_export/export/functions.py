@@ -18,7 +18,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnx_ir.tape import Tape
 
-from .contracts import DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE, OpContract
+from ..contracts import DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE, OpContract
 
 FLOAT = ir.DataType.FLOAT
 _IR_TYPES = {"INTS": ir.AttributeType.INTS, "INT": ir.AttributeType.INT, "FLOAT": ir.AttributeType.FLOAT,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
-from .contracts import DOMAIN
+from ..contracts import DOMAIN
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..export.contracts import CONTRACTS, DOMAIN
+from ..contracts import CONTRACTS, DOMAIN
 from ..errors import OnnxModelError
 from ..graph_file import all_nodes
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..export.contracts import DEPTH_RETRIEVAL, FUSED_MIXER, OpContract
+from ..contracts import DEPTH_RETRIEVAL, FUSED_MIXER, OpContract
 
 # plugins/common/msarKernelTypes.h
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engines.backends import BACKENDS, TENSORRT, Backend, installed_backends
 from ..errors import BackendUnavailable, InputError
 from ..fileio import check_input_file
 from ..graph_spec import LOGITS, GraphSpec
@@ -24,38 +25,33 @@ def tensorrt_unavailable() -> str | None:
     """None when a TensorRT engine can be built and run here (TensorRT or
     TensorRT-RTX imports, and a GPU it runs on is present), else the reason (used
     verbatim in reports)."""
-    from ..engines.backends import backend_unavailable
-
     backend = choose_backend()
     if backend is None:
-        return backend_unavailable("tensorrt")
+        return TENSORRT.unavailable()
     return engine_not_run_reason(None, None, backend)
 
 
-def choose_backend() -> str | None:
+def choose_backend() -> Backend | None:
     """The backend an in-memory check engine is built with: TensorRT, else TensorRT-RTX, else None."""
-    from ..engines.backends import installed_backends
-
     have = installed_backends()
     return have[0] if have else None
 
 
-def engine_not_run_reason(engine_path, meta, backend: str | None = None) -> str | None:
+def engine_not_run_reason(engine_path, meta, backend: Backend | None = None) -> str | None:
     """Why an engine (built, or about to be built) cannot run here; None when it can.
 
     For a built engine the reason says it was built and checked against its
     metadata, so `check --engine` reports in one line what it did and did not do."""
-    from ..engines.backends import backend_unavailable, cannot_run_reason, get_backend
+    from ..engines.cuda import cannot_run_reason
 
-    backend = backend or meta.builder.get("backend", "tensorrt")
-    label = get_backend(backend).label
-    why = backend_unavailable(backend) or cannot_run_reason(backend, meta.builder.get("compute_capabilities")
-                                                             if meta is not None else None)
+    backend = backend or meta.backend
+    why = backend.unavailable() or cannot_run_reason(backend, meta.builder.get("compute_capabilities")
+                                                     if meta is not None else None)
     if why is None:
         return None
     if engine_path is None:
-        return f"{label} cannot run an engine here: {why}"
-    return (f"engine {Path(engine_path).name} ({label} {meta.tensorrt_version}, {meta.dtype}, "
+        return f"{backend.label} cannot run an engine here: {why}"
+    return (f"engine {Path(engine_path).name} ({backend.label} {meta.tensorrt_version}, {meta.dtype}, "
             f"{meta.builder.get('plugin_layers', 0)} plugin layers) matches its build record; built, not run: {why}")
 
 
@@ -67,19 +63,19 @@ def check_plugin_paths(plugins) -> list[str]:
     return paths
 
 
-def polygraphy_trt(backend: str):
+def polygraphy_trt(backend: Backend):
     """polygraphy.backend.trt bound to the backend's module. Polygraphy picks
     tensorrt or tensorrt_rtx once per process (when polygraphy.backend.trt is
     first imported), so a process that already runs one cannot switch."""
     from polygraphy import config
 
-    want = backend == "tensorrt-rtx"
+    want = backend.polygraphy_rtx
     if "polygraphy.backend.trt" not in sys.modules:
         config.USE_TENSORRT_RTX = want
         os.environ["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if want else "0"
     elif bool(config.USE_TENSORRT_RTX) != want:
-        raise BackendUnavailable(f"this process already runs Polygraphy with "
-                                 f"{'TensorRT-RTX' if config.USE_TENSORRT_RTX else 'TensorRT'}; run the {backend} "
+        running = next(b.label for b in BACKENDS.values() if b.polygraphy_rtx == bool(config.USE_TENSORRT_RTX))
+        raise BackendUnavailable(f"this process already runs Polygraphy with {running}; run the {backend.name} "
                                  "check in its own process")
     import polygraphy.backend.trt as ptrt
 
@@ -87,16 +83,15 @@ def polygraphy_trt(backend: str):
 
 
 def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str = "tensorrt",
-                           backend: str = "tensorrt"):
+                           backend: Backend = TENSORRT):
     """TrtRunner over a serialised engine; the plugin libraries are loaded (LoadPlugins:
     static registration, else the registry's load_library) before it is deserialised."""
-    from ..engines.backends import import_backend
     from ..engines.loaders import LoadPlugins
 
     ptrt = polygraphy_trt(backend)
-    trt = import_backend(backend)
+    backend.load()  # BackendUnavailable with the install hint, before Polygraphy fails to import it
     paths = check_plugin_paths(plugins)
-    load = LoadPlugins(trt, [Path(p) for p in paths], [])
+    load = LoadPlugins(backend, [Path(p) for p in paths], [])
 
     def engine_bytes():
         load()
@@ -106,7 +101,7 @@ def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str
 
 
 def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], precision: str, max_shape: tuple[int, int],
-                         plugins=(), name: str = "tensorrt", backend: str | None = None):
+                         plugins=(), name: str = "tensorrt", backend: Backend | None = None):
     """TrtRunner over an engine built in memory by build's loader chain, with
     `outputs` marked (so every h_l can be compared) and one profile from (1, 1)
     to `max_shape`.
@@ -114,7 +109,6 @@ def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], preci
     The network is strongly typed, so the engine computes in the ONNX file's
     precision (msar.dtype), like the one `build` ships: `precision` must be that
     one (InputError otherwise, before TensorRT is imported). TF32 is off."""
-    from ..engines.backends import import_backend
     from ..engines.loaders import CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnx, make_logger
     from ..engines.onnx_info import read_onnx
     from ..engines.profiles import DimRange, input_profiles
@@ -124,17 +118,16 @@ def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], preci
     if precision != computes:
         raise InputError(f"{Path(onnx_path).name} computes in {computes} and an engine built from it is strongly "
                          f"typed, so it cannot run in {precision}; export the graph in {precision}")
-    backend = backend or choose_backend() or "tensorrt"
+    backend = backend or choose_backend() or TENSORRT
     ptrt = polygraphy_trt(backend)
-    trt = import_backend(backend)
+    backend.load()  # BackendUnavailable with the install hint, before Polygraphy fails to import it
     B, T = (int(v) for v in max_shape)
     profiles = input_profiles(info.inputs, {"batch": DimRange(1, B, B), "seq": DimRange(1, T, T),
                                             "past": DimRange(0, 0, 0)})
     libs = [Path(p) for p in check_plugin_paths(plugins)]
-    logger = make_logger(trt, echo=lambda m: None)
-    network = NetworkFromOnnx(trt, info, logger, LoadPlugins(trt, libs, sorted(info.custom_ops)) if libs else None,
-                              outputs=list(outputs))
-    engine = EngineFromNetwork(network, CreateConfig(trt, profiles, tf32=False))
+    plugins = LoadPlugins(backend, libs, sorted(info.custom_ops)) if libs else None
+    network = NetworkFromOnnx(backend, info, make_logger(backend), plugins, outputs=list(outputs))
+    engine = EngineFromNetwork(network, CreateConfig(backend, profiles, tf32=False))
     return ptrt.TrtRunner(ptrt.EngineFromBytes(lambda: engine().plan), name=name)
 
 
@@ -167,7 +160,7 @@ class TrtDecoder:
             why = engine_not_run_reason(engine_path, self.meta)
             if why is not None:
                 raise BackendUnavailable(why)
-            runner = trt_runner_from_engine(engine_path, plugins, backend=self.meta.builder.get("backend", "tensorrt"))
+            runner = trt_runner_from_engine(engine_path, plugins, backend=self.meta.backend)
         self.runner = runner
 
     def empty_cache(self, batch: int) -> dict:

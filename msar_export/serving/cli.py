@@ -7,10 +7,10 @@ import signal
 import sys
 from pathlib import Path
 
-from ..cli_common import add_ort_ops, add_plugins, add_trust_pickle
+from ..cli_common import add_ort_ops, add_plugins, add_trust_pickle, say
 from ..errors import InputError
 from ..numbers import BATCH, CLIENTS, COUNT, INSTANCES, MICROSECONDS, PORT, POSITIVE, SECONDS, SEED, SIZE, THREADS
-from .sources import is_checkpoint, resolve_sources, say
+from .sources import is_checkpoint, resolve_sources
 
 SERVE_EPILOG = """\
 SRC is a checkpoint directory (both graphs are exported first, into --workdir, and

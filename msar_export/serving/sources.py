@@ -7,13 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..cli_common import say
 from ..errors import InputError
-
-
-def say(msg: str) -> None:
-    import sys
-
-    print(f"msar-export: {msg}", file=sys.stderr, flush=True)
 
 
 def exporter_fingerprint() -> str:

@@ -1,4 +1,4 @@
-/* Generated from msar_export/export/contracts.py by msar_export/export/contract_headers.py; do not edit. */
+/* Generated from msar_export/contracts.py by msar_export/export/contract_headers.py; do not edit. */
 #ifndef MSAR_KERNEL_ATTRS_H
 #define MSAR_KERNEL_ATTRS_H
 

@@ -5,7 +5,7 @@
  * fields, the creator-side parse and the shape helpers. Each op's own rules
  * live in its folder (msarFusedMixerPlugin/fusedMixerRules.h,
  * msarDepthRetrievalPlugin/depthRetrievalRules.h); names, fields and defaults
- * come from the generated msarOpContracts.h (msar_export/export/contracts.py).
+ * come from the generated msarOpContracts.h (msar_export/contracts.py).
  * The TensorRT glue (xPlugin.cpp) converts TensorRT structs to and from these
  * plain types and never re-implements a rule.
  */

@@ -1,6 +1,6 @@
 /*
  * msar::DepthRetrieval as a TensorRT IPluginV3 (name "DepthRetrieval", version "1",
- * namespace ""). Contract: msar_export/export/contracts.py, README.md here.
+ * namespace ""). Contract: msar_export/contracts.py, README.md here.
  * The IPluginV3 glue is common/msarPluginBase.h; this op adds its rules
  * (DepthRetrievalOp) and the launch of its kernel.
  */

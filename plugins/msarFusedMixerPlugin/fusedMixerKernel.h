@@ -32,7 +32,7 @@ typedef struct MsarFusedMixerArgs
     void const* gate_bias;         /* [m] */
     void const* gate_scale;        /* [] */
     void const* conv_weight;       /* [N, K, d], read as is: conv_weight[i][o_r + j][c] = tap j of stream r,
-                                      channel c, source i (contract: msar_export/export/contracts.py) */
+                                      channel c, source i (contract: msar_export/contracts.py) */
     void const* const* sources;    /* HOST array of n_sources device pointers, each [B, T, d] */
     int32_t n_sources;             /* n, 1..MSAR_MAX_SOURCES */
     int64_t batch;                 /* B */

@@ -82,11 +82,9 @@ def run_in_triton_venv(job: LoadJob) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from ...cli_common import run_command
+    from ...cli_common import run_command, say
 
     def cmd(a) -> int:
-        from ..sources import say
-
         return run_job(LoadJob.from_json(Path(a.job).read_text()), say)
 
     p = argparse.ArgumentParser(prog="msar-export loadtest")

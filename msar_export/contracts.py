@@ -197,7 +197,7 @@ PLUGIN_CONTRACTS = {name: c for name, c in CONTRACTS.items() if c.plugin}
 def render_markdown() -> str:
     """docs/custom_ops.md body: one section per op."""
     out = [f"# `{DOMAIN}` custom ops (domain version {DOMAIN_VERSION})", "",
-           "Generated from `msar_export/export/contracts.py`; `T` is float32, float16 or bfloat16.", ""]
+           "Generated from `msar_export/contracts.py`; `T` is float32, float16 or bfloat16.", ""]
     for c in CONTRACTS.values():
         out += [f"## `{DOMAIN}::{c.name}`", "", c.doc, "", "| input | shape | dtype | meaning |", "| --- | --- | --- | --- |"]
         out += [f"| `{p.name}`{' (variadic)' if p.variadic else ''} | `{p.shape}` | {p.dtype} | {p.doc} |" for p in c.inputs]
