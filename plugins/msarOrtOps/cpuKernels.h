@@ -51,7 +51,7 @@ inline StreamTaps streamTaps(std::vector<int32_t> const& kernels)
     return s;
 }
 
-//! FusedMixer (export/contracts.py): one mixer from the raw sources.
+//! FusedMixer (msar_export/contracts.py): one mixer from the raw sources.
 struct FusedMixerProblem
 {
     Storage storage;
@@ -67,7 +67,7 @@ struct FusedMixerProblem
     void* h;                           // [B, T, d]
 };
 
-//! DepthRetrieval (export/contracts.py): retrieval over already expanded views.
+//! DepthRetrieval (msar_export/contracts.py): retrieval over already expanded views.
 struct DepthRetrievalProblem
 {
     Storage storage;
@@ -78,7 +78,7 @@ struct DepthRetrievalProblem
     void* z;                         // [B, T, m, d]
 };
 
-//! SourceViews (export/contracts.py): the m views of one source from its window (past, then x),
+//! SourceViews (msar_export/contracts.py): the m views of one source from its window (past, then x),
 //! and the window's last kmax-1 rows.
 struct SourceViewsProblem
 {
@@ -92,7 +92,7 @@ struct SourceViewsProblem
     void* present;                 // [B, kmax-1, d]: the window's last kmax-1 rows
 };
 
-//! StreamGate (export/contracts.py): mixer l's scalar stream fusion over its retrieved streams.
+//! StreamGate (msar_export/contracts.py): mixer l's scalar stream fusion over its retrieved streams.
 struct StreamGateProblem
 {
     Storage storage;

@@ -1,6 +1,6 @@
 /*
  * ONNX Runtime custom-op library for the msar ops: FusedMixer, DepthRetrieval,
- * SourceViews and StreamGate (export/contracts.py, generated common/msarOpContracts.h),
+ * SourceViews and StreamGate (msar_export/contracts.py, generated common/msarOpContracts.h),
  * float32, float16 and bfloat16 storage (float32 inside), on the CPU execution provider.
  *
  *   so.register_custom_ops_library("libmsar_ort_ops.so")
