@@ -51,27 +51,26 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})")
     decode = graph.decode
     inits = graph.initializers
-    inputs = graph.inputs
+    names = graph.input_names
     if decode:
         spec = GraphSpec(ckpt_cfg, decode=True)
         want = spec.input_names
-        if [v.name for v in inputs] != want:
-            raise OnnxModelError(f"--onnx {path}: decode graph inputs are {[v.name for v in inputs]}, expected {want}")
-        cache = next(v for v in inputs if v.name == spec.cache_inputs[0].name).type.tensor_type.elem_type
-        if cache not in (1, 10):  # FLOAT, FLOAT16: what numpy can feed
+        if names != want:
+            raise OnnxModelError(f"--onnx {path}: decode graph inputs are {names}, expected {want}")
+        if graph.inputs[names.index(spec.cache_inputs[0].name)].elem_type not in (1, 10):  # FLOAT, FLOAT16
             raise OnnxModelError(f"--onnx {path}: a bfloat16 decode graph's cache cannot be fed from numpy; "
                                  "check its float32 export (or the prefill graph)")
-    elif [v.name for v in inputs] != [INPUT_IDS]:
-        raise OnnxModelError(f"--onnx {path}: graph inputs are {[v.name for v in inputs]}, expected ['{INPUT_IDS}']")
-    tt = inputs[0].type.tensor_type
-    if tt.elem_type != 7 or len(tt.shape.dim) != 2:  # 7 = INT64
+    elif names != [INPUT_IDS]:
+        raise OnnxModelError(f"--onnx {path}: graph inputs are {names}, expected ['{INPUT_IDS}']")
+    ids = graph.inputs[0]
+    if ids.elem_type != 7 or len(ids.dims) != 2:  # 7 = INT64
         raise OnnxModelError(f"--onnx {path}: input '{INPUT_IDS}' must be int64 [batch, seq]")
-    outs = {v.name: v for v in proto.graph.output}
+    outs = {t.name: t for t in graph.outputs}
     if LOGITS not in outs:
         raise OnnxModelError(f"--onnx {path}: no '{LOGITS}' output (outputs: {sorted(outs)})")
-    dims = outs[LOGITS].type.tensor_type.shape.dim
-    if len(dims) == 3 and dims[2].HasField("dim_value") and dims[2].dim_value != ckpt_cfg.vocab_size:
-        raise OnnxModelError(f"--onnx {path}: logits have {dims[2].dim_value} entries per token but the checkpoint's "
+    dims = outs[LOGITS].dims
+    if len(dims) == 3 and isinstance(dims[2], int) and dims[2] != ckpt_cfg.vocab_size:
+        raise OnnxModelError(f"--onnx {path}: logits have {dims[2]} entries per token but the checkpoint's "
                              f"vocabulary has {ckpt_cfg.vocab_size}")
     for name, shape in expected_shapes(ckpt_cfg).items():
         t = inits.get(f"model.{name}")

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..errors import BackendUnavailable, InputError, OnnxModelError
 from ..fileio import check_input_file, check_outputs
-from ..graph_file import inputs_of
+from ..graph_file import ExportedGraph
 from .backends import _cc, check_compute_capabilities, get_backend, import_backend, parse_compute_capabilities
 from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
 from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.engines.builder.make_logger)
@@ -122,18 +122,22 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
     libs = [Path(p).resolve() for p in plugin_libs]
     for lib in libs:
         check_input_file(lib, "--plugins: plugin library")  # build it with cmake (docs/tensorrt.md)
-    # The whole output set, before parsing or building: plan, metadata and timing cache are each
-    # a new or regular file, none of them the ONNX model or a plugin (the cache once replaced the model).
-    check_outputs([out_plan, metadata_path(out_plan), timing_cache], [*inputs_of(onnx_path), *libs])
     if isinstance(shapes, (str, list)):
-        parse_profile(shapes)  # user errors before the slow parts
+        parse_profile(shapes)  # user errors before the model is read
     targets = parse_compute_capabilities(compute_capabilities)
     if targets and backend != "tensorrt-rtx":
         raise InputError("--compute-capability is a TensorRT-RTX option; add --backend tensorrt-rtx")
+    # Opened once, without its weights (the parser reads them from the file): its checked
+    # external-data files join the inputs no output may be.
+    graph = ExportedGraph.open(onnx_path)
+    inputs = [*graph.files, *libs]
+    # The whole output set, before building: plan, metadata and timing cache are each a new or
+    # regular file, none of them the ONNX model or a plugin (the cache once replaced the model).
+    check_outputs([out_plan, metadata_path(out_plan), timing_cache], inputs)
     trt = import_tensorrt(backend)
     check_compute_capabilities(trt, targets)
 
-    info = read_onnx(onnx_path)
+    info = read_onnx(graph)
     dtype = _check_dtype(info, dtype)
     if info.custom_ops and not libs:
         ops = ", ".join(f"msar::{k} x{v}" for k, v in sorted(info.custom_ops.items()))
@@ -164,7 +168,7 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).to_json()
 
     built = SaveEngine(EngineFromNetwork(network, config), out_plan, cache, describe, metadata_path(out_plan),
-                       [*inputs_of(onnx_path), *libs])()
+                       inputs)()
     ins = built.inspection
     meta = read_metadata(out_plan)
     return BuildReport(out_plan, metadata_path(out_plan), len(built.plan), time.perf_counter() - t0,

@@ -70,13 +70,25 @@ class ExportReport:
 
 
 
+def _status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith(field)) / 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (0 where /proc is missing)."""
+    return _status_mb("VmRSS:") or 0.0
+
+
 def peak_rss_mb() -> float:
     """This process's peak RSS.  VmHWM, not ru_maxrss: after fork+exec the latter
     still holds the parent's peak, which made a child's export look huge."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration, ValueError):
+    peak = _status_mb("VmHWM:")
+    if peak is None:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak

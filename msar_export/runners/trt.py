@@ -105,9 +105,10 @@ def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str
     return ptrt.TrtRunner(ptrt.EngineFromBytes(engine_bytes), name=name)
 
 
-def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], precision: str, max_shape: tuple[int, int],
+def trt_runner_from_onnx(graph, outputs: list[str], precision: str, max_shape: tuple[int, int],
                          plugins=(), name: str = "tensorrt", backend: str | None = None):
-    """TrtRunner over an engine built in memory by build's loader chain, with
+    """TrtRunner over an engine built in memory by build's loader chain from `graph` (an opened
+    ExportedGraph, handed on to the parser, or a path), with
     `outputs` marked (so every h_l can be compared) and one profile from (1, 1)
     to `max_shape`.
 
@@ -119,10 +120,10 @@ def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], preci
     from ..engines.onnx_info import read_onnx
     from ..engines.profiles import DimRange, input_profiles
 
-    info = read_onnx(onnx_path)
+    info = read_onnx(graph)
     computes = info.dtype or "float32"
     if precision != computes:
-        raise InputError(f"{Path(onnx_path).name} computes in {computes} and an engine built from it is strongly "
+        raise InputError(f"{info.path.name} computes in {computes} and an engine built from it is strongly "
                          f"typed, so it cannot run in {precision}; export the graph in {precision}")
     backend = backend or choose_backend() or "tensorrt"
     ptrt = polygraphy_trt(backend)
