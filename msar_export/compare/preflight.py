@@ -17,7 +17,7 @@ from ..config import MSARConfig
 from ..errors import EngineError, InputError, OnnxModelError
 from ..graph_file import ExportedGraph
 from ..graph_spec import INPUT_IDS, LOGITS, GraphSpec
-from ..verdict import PRECISIONS
+from ..verdict import NUMPY_DTYPES, PRECISIONS
 from .inputs import check_shapes, decode_batches, default_shapes, token_batches
 from .tolerances import looser
 
@@ -57,7 +57,10 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
         want = spec.input_names
         if names != want:
             raise OnnxModelError(f"--onnx {path}: decode graph inputs are {names}, expected {want}")
-        if graph.inputs[names.index(spec.cache_inputs[0].name)].elem_type not in (1, 10):  # FLOAT, FLOAT16
+        from onnx.helper import np_dtype_to_tensor_dtype
+
+        fed = {np_dtype_to_tensor_dtype(np.dtype(t)) for t in NUMPY_DTYPES.values()}
+        if graph.inputs[names.index(spec.cache_inputs[0].name)].elem_type not in fed:
             raise OnnxModelError(f"--onnx {path}: a bfloat16 decode graph's cache cannot be fed from numpy; "
                                  "check its float32 export (or the prefill graph)")
     elif names != [INPUT_IDS]:
@@ -143,7 +146,7 @@ def plan_check(checkpoint, onnx, o) -> CheckPlan:
     from ..runners.trt import check_plugin_paths
 
     if o.dtype is not None and o.dtype not in PRECISIONS:
-        raise InputError(f"--dtype must be float32, float16 or bfloat16, got {o.dtype!r}")
+        raise InputError(f"--dtype must be one of {', '.join(PRECISIONS)}, got {o.dtype!r}")
     if o.tol is not None and not (o.tol > 0 and math.isfinite(o.tol)):
         raise InputError(f"--tol must be a positive number, got {o.tol!r}")
     model = load_checkpoint(checkpoint, dtype=torch.float32, trust_pickle=o.trust_pickle)
@@ -157,7 +160,7 @@ def plan_check(checkpoint, onnx, o) -> CheckPlan:
     meta = _engine_record(engine, graph, plugins, shapes) if engine is not None else None
     hidden = GraphSpec(cfg, graph.decode).hidden_names
     trt = _tensorrt_plan(o, graph, engine, meta, shapes, hidden)
-    cache_dtype = (np.float16 if graph.precision == "float16" else np.float32) if graph.decode else None
+    cache_dtype = NUMPY_DTYPES.get(graph.precision, np.float32) if graph.decode else None
     feeds = decode_batches(model, shapes, cache_dtype, o.seed) if graph.decode else token_batches(cfg, shapes, o.seed)
     ort = tuple(("onnxrt" if len(o.ort_ops) == 1 else f"onnxrt-{ops}", ops) for ops in o.ort_ops)
     wanted = [graph.precision] * bool(ort) + [trt.precision] * (trt.skip is None)

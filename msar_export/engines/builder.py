@@ -16,14 +16,13 @@ from typing import Callable
 from ..errors import BackendUnavailable, InputError, OnnxModelError
 from ..fileio import check_input_file, check_outputs
 from ..graph_file import ExportedGraph
+from ..verdict import PRECISIONS
 from .backends import _cc, check_compute_capabilities, get_backend, import_backend, parse_compute_capabilities
 from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
 from .loaders import make_logger  # noqa: F401  (re-exported: msar_export.engines.builder.make_logger)
 from .metadata import EngineMetadata, FileRecord, metadata_path, read_metadata
 from .onnx_info import OnnxInfo, read_onnx
 from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_profile
-
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 def import_tensorrt(backend: str = "tensorrt"):
@@ -76,14 +75,9 @@ class BuildReport:
         return "\n".join(lines)
 
 
-def load_plugins(trt, libs: list[Path], needed: list[str]) -> None:
-    """Load plugin libraries and check every op in `needed` has a creator (loaders.LoadPlugins)."""
-    LoadPlugins(trt, libs, needed)()
-
-
 def _check_dtype(info: OnnxInfo, dtype: str | None) -> str:
-    if dtype is not None and dtype not in DTYPES:
-        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype is not None and dtype not in PRECISIONS:
+        raise InputError(f"--dtype must be one of {', '.join(PRECISIONS)}, got {dtype!r}")
     if dtype is not None and info.dtype is not None and dtype != info.dtype:
         raise OnnxModelError(f"{info.path.name} was exported as {info.dtype}, not {dtype}: engines are strongly typed "
                              f"and take their precision from the ONNX file; re-export with "

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import EngineError
 from ..fileio import atomic_write_text, check_input_file, file_sha256
+from ..untrusted import loads_json
 
 METADATA_FORMAT = 1
 _INSTALLED = "installed"
@@ -53,7 +54,7 @@ class EngineMetadata:
 
     @classmethod
     def from_json(cls, text: str) -> "EngineMetadata":
-        d = json.loads(text)
+        d = loads_json(text, "the build record", EngineError)
         if d.get("format") != METADATA_FORMAT:
             raise ValueError(f"metadata format {d.get('format')!r}, this msar-export reads {METADATA_FORMAT}")
         d["onnx"] = FileRecord(**d["onnx"])
@@ -74,7 +75,7 @@ def read_metadata(plan: str | os.PathLike) -> EngineMetadata:
                           f"`msar-export build MODEL.onnx -o {plan}`")
     try:
         return EngineMetadata.from_json(path.read_text())
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, EngineError) as e:
         raise EngineError(f"{path} is not valid engine metadata ({e}); rebuild the engine") from None
 
 

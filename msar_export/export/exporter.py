@@ -17,6 +17,7 @@ import torch
 from ..checkpoint import load_checkpoint
 from ..errors import MsarError
 from ..memory import return_freed_memory
+from ..verdict import PRECISIONS
 from ..fileio import check_outputs
 from .contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import function_body
@@ -24,11 +25,10 @@ from ..graph_spec import (HIDDEN, META_CHECKPOINT, META_CONFIG, META_DECOMPOSED,
                           META_MIXER_OP, GraphSpec)
 from .graphs import DecodeGraph, PrefillGraph, example_inputs
 from .optimize import optimize_model, remove_identity_casts, separate_consumed_outputs
-from .report import DTYPE_NAMES, ExportOptions, ExportReport, peak_rss_mb  # noqa: F401  (re-exported)
+from .report import ExportOptions, ExportReport, peak_rss_mb  # noqa: F401  (re-exported)
 from .save import EXTERNAL_DATA_ABOVE, save_model, weight_bytes
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-assert tuple(DTYPES) == DTYPE_NAMES
+DTYPES = {p: getattr(torch, p) for p in PRECISIONS}  # the precisions are torch's names
 
 
 def trace_to_ir(model, opts: ExportOptions, weights=None) -> ir.Model:

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..verdict import PRECISIONS
 from .contracts import DOMAIN
-
-DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -29,8 +28,8 @@ class ExportOptions:
     def __post_init__(self):
         if self.mixer_op not in ("fused", "retrieval"):
             raise InputError(f"--mixer-op must be fused or retrieval, got {self.mixer_op!r}")
-        if self.dtype not in DTYPE_NAMES:
-            raise InputError(f"--dtype must be one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
+        if self.dtype not in PRECISIONS:
+            raise InputError(f"--dtype must be one of {list(PRECISIONS)}, got {self.dtype!r}")
         if not 18 <= self.opset <= 23:
             raise InputError(f"--opset {self.opset} is not supported; use 18..23")
 
