@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .cli_export import cmd_export
 from .cli_common import Parser, add_dtype, add_ort_ops, add_plugins, add_trust_pickle, run_command  # noqa: F401  (run_command, Parser: also used through msar_export.cli)
 from .errors import InputError
 from .numbers import COUNT, OPSET, POSITIVE, SEED, SIZE, THREADS, machine_threads
@@ -80,24 +81,6 @@ def cmd_generate(a) -> int:
                        temperature=a.temperature, top_k=a.top_k, seed=a.seed)
     print(bytes(out[0].tolist()).decode("utf-8", errors="replace"))
     return 0
-
-
-def cmd_export(a) -> int:
-    from .export.handoff import exec_validation, print_report, validates_apart
-    from .export.exporter import ExportOptions, export_checkpoint
-
-    opts = ExportOptions(decode=a.decode, decomposed=a.decomposed, dtype=a.dtype, opset=a.opset, mixer_op=a.mixer_op,
-                         external_data=a.external_data)
-    apart = not a.no_validate and validates_apart(a.checkpoint)  # ORT after this process's memory is gone
-    if apart:
-        from .memory import map_large_buffers
-
-        map_large_buffers()
-    report = export_checkpoint(a.checkpoint, a.output, opts, trust_pickle=a.trust_pickle, validate=not a.no_validate,
-                               defer_validation=apart)
-    if apart:
-        exec_validation(report)
-    return print_report(report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .contracts import DOMAIN
@@ -22,6 +23,23 @@ from .graph_spec import ATTENTION_MASK, META_CONFIG, META_DECOMPOSED, META_DTYPE
 from .onnx_wire import LEAVE_OUT_ABOVE, load_without_weights
 from .untrusted import contained
 
+
+
+@dataclass(frozen=True)
+class GraphTensor:
+    """A graph input or output as the file declares it."""
+
+    name: str
+    elem_type: int | None  # onnx.TensorProto.DataType (1 FLOAT, 7 INT64, ...); None: not a tensor
+    dims: tuple  # per axis: int (fixed), str (named dynamic), None (unnamed dynamic)
+
+    @classmethod
+    def of(cls, v) -> "GraphTensor":
+        if not v.type.HasField("tensor_type"):
+            return cls(v.name, None, ())
+        tt = v.type.tensor_type
+        dims = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        return cls(v.name, tt.elem_type, dims)
 
 
 def _parse(path: Path, weights: bool):
@@ -45,11 +63,9 @@ def inputs_of(path) -> list[Path]:
     """The model file and every external-data file it names: what no command's output may
     overwrite (fileio.check_outputs).  An unreadable file gives just itself: whoever reads
     it next says why, in one line."""
-    import onnx
-
     path = Path(path)
     try:
-        return [path, *external_data_files(onnx.load(str(path), load_external_data=False), path).values()]
+        return [path, *external_data_files(_parse(path, weights=False), path, skip=path.name).values()]
     except Exception:
         return [path]
 
@@ -144,13 +160,10 @@ class ExportedGraph:
     def metadata(self) -> dict[str, str]:
         return {p.key: p.value for p in self.proto.metadata_props}
 
-    @property
-    def has_config(self) -> bool:
-        return META_CONFIG in self.metadata
-
-    @property
+    @cached_property
     def config(self):
-        """The MSARConfig in msar.config, or OnnxModelError (not exported by msar-export, or unreadable)."""
+        """The MSARConfig in msar.config (parsed once per opened file), or OnnxModelError (not exported
+        by msar-export, or unreadable)."""
         from .config import MSARConfig
 
         meta = self.metadata
@@ -161,6 +174,14 @@ class ExportedGraph:
             return MSARConfig.from_json(meta[META_CONFIG], "msar.config metadata")
         except ConfigError as e:
             raise OnnxModelError(f"{self.label}{self.path}: unreadable msar.config metadata ({e})") from None
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence the graph was exported for: msar.config's, checked with the rest of
+        the config; MSARConfig's default for a file without msar.config (not exported by msar-export)."""
+        from .config import MSARConfig
+
+        return self.config.max_seq_len if META_CONFIG in self.metadata else MSARConfig().max_seq_len
 
     @property
     def kind(self) -> str:
@@ -189,19 +210,24 @@ class ExportedGraph:
     def initializers(self) -> dict:
         return {t.name: t for t in self.proto.graph.initializer}
 
-    @property
-    def inputs(self) -> list:
-        """The graph inputs a caller feeds (ValueInfoProto; initializers left out)."""
+    @cached_property
+    def inputs(self) -> tuple[GraphTensor, ...]:
+        """The graph inputs a caller feeds (initializers left out): the one reader of a graph's I/O."""
         inits = {t.name for t in self.proto.graph.initializer}
-        return [v for v in self.proto.graph.input if v.name not in inits]
+        return tuple(GraphTensor.of(v) for v in self.proto.graph.input if v.name not in inits)
 
     @property
     def input_names(self) -> list[str]:
         return [v.name for v in self.inputs]
 
+    @cached_property
+    def outputs(self) -> tuple[GraphTensor, ...]:
+        return tuple(GraphTensor.of(v) for v in self.proto.graph.output)
+
     @property
-    def outputs(self) -> list:
-        return list(self.proto.graph.output)
+    def files(self) -> list[Path]:
+        """The model file and its checked external-data files: what no output may overwrite."""
+        return [self.path, *self.external_files.values()]
 
     @property
     def custom_ops(self) -> dict[str, int]:

@@ -14,7 +14,6 @@ from .errors import OnnxModelError
 from .graph_spec import GraphSpec
 from .runners.onnxrt import open_graph
 from .runners.ort_runner import open_session as _open_session
-from .runners.ort_runner import resolve_providers
 
 
 def _running(path, fn, *args):
@@ -30,10 +29,6 @@ def _running(path, fn, *args):
         raise OnnxModelError(f"{path}: ONNX Runtime failed running this graph ({first[:300]})") from None
 
 
-def default_providers() -> list[str]:
-    return resolve_providers()
-
-
 def open_session(path, providers=None, threads: int | None = None, optimization: str = "all",
                  low_memory: bool = False):
     """An InferenceSession over the exported file at `path`, which is opened (checked) first."""
@@ -43,8 +38,8 @@ def open_session(path, providers=None, threads: int | None = None, optimization:
     return _open_session(path, providers, threads, optimization, low_memory, label=str(path))
 
 
-class OrtModel:
-    """The prefill graph: input_ids -> logits."""
+class _OrtFile:
+    """An exported graph opened once, with its ONNX Runtime session."""
 
     def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all",
                  low_memory: bool = False, ort_ops: str | None = None):
@@ -53,6 +48,10 @@ class OrtModel:
                                           low_memory=low_memory, ort_ops=ort_ops)
         self.session = self.ort.session
         self.cfg = self.graph.config
+
+
+class OrtModel(_OrtFile):
+    """The prefill graph: input_ids -> logits."""
 
     def logits(self, input_ids) -> np.ndarray:
         import torch  # not at module level: export validation runs ORT in a process without torch
@@ -64,16 +63,11 @@ class OrtModel:
         return _running(self.path, self.ort.logits, ids.long().numpy())
 
 
-class OrtDecoder:
+class OrtDecoder(_OrtFile):
     """The decode graph: prefill with an empty cache, then one token per step."""
 
-    def __init__(self, path, providers=None, threads: int | None = None, optimization: str = "all",
-                 low_memory: bool = False, ort_ops: str | None = None):
-        self.path = Path(path)
-        self.graph, self.ort = open_graph(path, providers=providers, threads=threads, optimization=optimization,
-                                          low_memory=low_memory, ort_ops=ort_ops)
-        self.session = self.ort.session
-        self.cfg = self.graph.config
+    def __init__(self, path, **session):
+        super().__init__(path, **session)
         self.spec = GraphSpec(self.cfg, decode=True)
         first_cache = self.spec.cache_inputs[0].name
         if first_cache not in self.ort.input_names:
@@ -91,23 +85,11 @@ class OrtDecoder:
              cache: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         return _running(self.path, self.ort.step, input_ids, attention_mask, position_ids, cache)
 
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
-                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
-                 eos_token_id: int | None = None) -> torch.Tensor:
-        """Same contract as `msar_export.generate` (left-padded batches)."""
-        import torch
+    def generate(self, input_ids, attention_mask=None, **options) -> torch.Tensor:
+        """Same contract and options as `msar_export.generate` (left-padded batches)."""
+        from .model.generate import generate_decoder
 
-        from .model.generate import check_token_batch, decode_loop
-
-        ids = torch.as_tensor(input_ids)
-        mask = None if attention_mask is None else torch.as_tensor(attention_mask)
-        check_token_batch(ids, mask, self.cfg.vocab_size, self.cfg.max_seq_len, max_new_tokens)
-
-        def step(ids, mask, positions, cache):
-            return self.step(ids.numpy(), mask.numpy(), positions.numpy(), cache)
-
-        return decode_loop(step, ids, mask, self.empty_cache(ids.shape[0]), max_new_tokens, do_sample, temperature,
-                           top_k, seed, eos_token_id)
+        return generate_decoder(self, input_ids, attention_mask, **options)
 
 
-__all__ = ["OrtModel", "OrtDecoder", "open_session", "default_providers"]
+__all__ = ["OrtModel", "OrtDecoder", "open_session"]

@@ -28,7 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PRECISIONS = ("float32", "float16", "bfloat16")
+PRECISIONS = ("float32", "float16", "bfloat16")  # the one list: --dtype, export, build, check
+# The ones numpy holds, so a decode cache can be fed and ONNX Runtime's CPU provider run them:
+# not bfloat16.
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 # Unit roundoff of each storage format (half the spacing of numbers near 1).
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 MULTIPLE = 4.0

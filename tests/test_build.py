@@ -21,12 +21,14 @@ import pytest
 from onnx import TensorProto, helper
 
 from msar_export import cli
+from msar_export.config import MSARConfig
 from msar_export.engines import DimRange, build_engine, parse_profile, read_metadata, verify_engine_metadata
 from msar_export.engines.backends import TENSORRT
 from msar_export.engines import loaders as loaders_mod
-from msar_export.engines.metadata import EngineMetadata, FileRecord, metadata_path, sha256_file, write_metadata
+from msar_export.engines.metadata import EngineMetadata, FileRecord, metadata_path, write_metadata
 from msar_export.engines.onnx_info import read_onnx
 from msar_export.engines.profiles import default_ranges, input_profiles
+from msar_export.fileio import file_sha256
 from msar_export.errors import BackendUnavailable, EngineError, InputError, OnnxModelError
 
 
@@ -54,7 +56,7 @@ def tiny_onnx(path: Path, custom: bool = True, dtype: str = "float32") -> Path:
     graph = helper.make_graph([node], "g", [x, mask], [h], initializer=inits)
     opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid("msar", 1)] if custom else [])
     model = helper.make_model(graph, opset_imports=opsets, functions=functions, ir_version=10)
-    for k, v in {"msar.graph": "prefill", "msar.dtype": dtype, "msar.config": json.dumps({"max_seq_len": 64})}.items():
+    for k, v in {"msar.graph": "prefill", "msar.dtype": dtype, "msar.config": MSARConfig(max_seq_len=64).to_json()}.items():
         model.metadata_props.add(key=k, value=v)
     onnx.save(model, str(path))
     return path
@@ -146,7 +148,7 @@ def make_engine(tmp_path: Path, trt_version: str = "10.9.0") -> tuple[Path, Path
     plan = tmp_path / "m.plan"
     plan.write_bytes(b"engine bytes")
     write_metadata(plan, EngineMetadata(tensorrt_version=trt_version, dtype="float32", onnx=FileRecord.of(model),
-                                        plugins=[FileRecord.of(plugin)], plan_sha256=sha256_file(plan)))
+                                        plugins=[FileRecord.of(plugin)], plan_sha256=file_sha256(plan)))
     return plan, model, plugin
 
 
@@ -154,7 +156,7 @@ def test_metadata_roundtrip_and_verify(tmp_path):
     plan, model, plugin = make_engine(tmp_path)
     meta = verify_engine_metadata(plan, model, [plugin], tensorrt_version="10.9.0")
     assert meta == read_metadata(plan)
-    assert json.loads(metadata_path(plan).read_text())["onnx"]["sha256"] == sha256_file(model)
+    assert json.loads(metadata_path(plan).read_text())["onnx"]["sha256"] == file_sha256(model)
 
 
 def test_verify_refuses_a_different_onnx(tmp_path):

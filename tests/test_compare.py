@@ -179,11 +179,11 @@ def test_negative_control_wrong_weights_are_caught(faithful, tmp_path):
 @pytest.fixture(scope="module")
 def reference(faithful):
     from msar_export.compare.runs import run_runner
-    from msar_export.runners.eager import ModelFromCheckpoint, TorchRunner
+    from msar_export.runners.eager import TorchRunner
 
     cfg = load_checkpoint(faithful[0]).cfg
     feeds = token_batches(cfg, default_shapes(cfg))
-    return cfg, run_runner(TorchRunner(ModelFromCheckpoint(faithful[0]), name=REFERENCE), feeds)
+    return cfg, run_runner(TorchRunner(load_checkpoint(faithful[0]), name=REFERENCE), feeds)
 
 
 def _ref_and_copy(reference):

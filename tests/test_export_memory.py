@@ -6,8 +6,10 @@ float64 model; dtype conversion one tensor at a time."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import weakref
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -17,6 +19,7 @@ import torch
 from conftest import make_checkpoint
 from msar_export import load_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
+from msar_export.export.report import ExportReport
 from msar_export.export.save import ALIGN
 from msar_export.model.precision import float64_one_sublayer_at_a_time
 from msar_export.onnx_wire import load_without_weights
@@ -192,7 +195,8 @@ def _run(args, **env):
 def test_validating_process_imports_no_torch():
     """The process a large export's validation runs in (export/handoff.py) must stay
     light: torch alone is ~180 MiB of RSS."""
-    code = ("import sys, msar_export, msar_export.cli, msar_export.export.handoff, msar_export.export.validate, "
+    code = ("import sys, msar_export, msar_export.cli, msar_export.cli_export, msar_export.export.handoff, "
+            "msar_export.export.validate, "
             "msar_export.runtime; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     assert _run(["-c", code]).stdout.strip() == "[]"
     # the control: the exporter does import it
@@ -216,13 +220,14 @@ def test_validation_apart_reports_as_in_process(ckpt, tmp_path, capsys):
 
 
 def test_validation_apart_fails_with_exit_1_and_one_line(ckpt, tmp_path, monkeypatch):
-    """The validating process judges the file against the reference it is handed: a file
-    exported from a faulty model fails (exit 1, one line, the file kept); the control,
-    the same state with the true file, passes."""
-    from msar_export.export.handoff import validation_command, write_state
+    """The library validates a large export apart as the CLI does (here: any size), in a child:
+    a file exported from a faulty model fails (the file kept), its control passes; the CLI's
+    validating image, given the same state, exits 1 with one line."""
+    from msar_export.export.handoff import APART_ENV, write_state
     from msar_export.export.weightless import LazyWeights
 
-    good = export_checkpoint(ckpt, tmp_path / "good.onnx", ExportOptions(), defer_validation=True)
+    monkeypatch.setenv(APART_ENV, "0")
+    good = export_checkpoint(ckpt, tmp_path / "good.onnx", ExportOptions())
     real = LazyWeights.read
 
     def read_with_fault(self, name):
@@ -230,14 +235,54 @@ def test_validation_apart_fails_with_exit_1_and_one_line(ckpt, tmp_path, monkeyp
         return t * 1.02 if name == "final_norm.weight" else t  # exported, not in the reference
 
     monkeypatch.setattr(LazyWeights, "read", read_with_fault)
-    bad = export_checkpoint(ckpt, tmp_path / "bad.onnx", ExportOptions(), defer_validation=True)
-    assert good.validation is None and bad.validation is None
-    r = _run(validation_command(write_state(bad))[1:])
+    bad = export_checkpoint(ckpt, tmp_path / "bad.onnx", ExportOptions())
+    assert good.validation.passed and good.validation.verdict.passed, good.validation.summary()
+    assert not bad.validation.passed and "exceeds the bound" in bad.validation.failures[-1]
+    assert bad.peak_rss_validated_mb > bad.peak_rss_mb and not list(tmp_path.glob("msar-valid*"))
+    r = _run(["-m", "msar_export.cli_export", str(write_state(bad))])
     err = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(err) == 1 and "written and kept" in err[0], r.stderr
     assert "validation: FAIL" in r.stdout and (tmp_path / "bad.onnx").is_file()
-    r = _run(validation_command(write_state(good))[1:])
-    assert r.returncode == 0 and "validation: PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_library_and_the_cli_decide_alike_where_validation_runs(ckpt, tmp_path, monkeypatch):
+    """export_checkpoint decides, for every caller: over the threshold both validate apart (the
+    library in a child, the CLI by replacing its process), under it both in-process."""
+    import os
+
+    from msar_export import cli
+    from msar_export.export import exporter, handoff
+
+    calls = []
+
+    class Replaced(BaseException):  # past run_command, as an exec leaves it
+        pass
+
+    def fake_export(load, out, opts, source, validate, owns_model, defer_validation=False, **kw):
+        calls.append(("deferred" if defer_validation else "in-process", Path(out).name))
+        return ExportReport(Path(out), opts)
+
+    def execve(exe, argv, env):
+        calls.append(("exec " + " ".join(argv[1:3]), os.path.basename(argv[0])))
+        raise Replaced
+
+    monkeypatch.setattr(exporter, "_export", fake_export)
+    monkeypatch.setattr(handoff, "validate_in_child", lambda r: calls.append(("child", r.path.name)) or r)
+    monkeypatch.setattr(handoff, "write_state", lambda report: tmp_path / "state.json")
+    monkeypatch.setattr(os, "execve", execve)
+    monkeypatch.setattr("msar_export.memory.map_large_buffers", lambda: calls.append(("mapped", "")))
+    for limit, apart in (("0", True), (str(2**60), False)):
+        monkeypatch.setenv(handoff.APART_ENV, limit)
+        calls.clear()
+        export_checkpoint(ckpt, tmp_path / "api.onnx", ExportOptions())
+        with pytest.raises(Replaced) if apart else contextlib.nullcontext():
+            cli.main(["export", str(ckpt), "-o", str(tmp_path / "cli.onnx")])
+        if apart:  # the CLI's process alone maps its large buffers and becomes the validating image
+            assert [c[0] for c in calls] == ["deferred", "child", "mapped", "deferred",
+                                             "exec -m msar_export.cli_export"], calls
+        else:
+            assert [c[0] for c in calls] == ["in-process", "in-process"], calls
+        assert [c[1] for c in calls if c[0] in ("deferred", "in-process")] == ["api.onnx", "cli.onnx"]
 
 
 def test_low_memory_session_computes_the_same_logits(inline_and_external):

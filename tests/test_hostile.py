@@ -235,6 +235,22 @@ def test_serving_repository_carries_external_data_and_the_original_stays_checkab
     assert preflight(src, cfg).path == src
 
 
+def test_a_manifest_that_is_not_an_object_is_not_ours(faithful, tmp_path):
+    """build_serving_repo read an existing manifest.json with json.loads and called .get on it: a
+    JSON list there was an AttributeError (exit 1, a traceback).  Now it is a folder msar-export
+    did not write: one line, the folder left as it was; the control, an object, too."""
+    from msar_export.errors import OutputError
+    from msar_export.serving.repository.writer import build_serving_repo
+
+    for text in ("[1, 2]", '{"generator": "someone else"}'):
+        out = tmp_path / f"repo{len(text)}"
+        out.mkdir()
+        (out / "manifest.json").write_text(text)
+        with pytest.raises(OutputError, match="not a repository msar-export wrote"):
+            build_serving_repo(faithful[1], None, out, validate=False)
+        assert [p.name for p in out.iterdir()] == ["manifest.json"]
+
+
 def test_disk_full_while_writing_is_one_line_and_leaves_nothing(ckpt, tmp_path, monkeypatch):
     import errno
 

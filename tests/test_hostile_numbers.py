@@ -166,15 +166,19 @@ def test_numbers_and_plugin_paths_from_the_issue_give_one_line(args, ckpt, tmp_p
 
 
 def test_build_reads_msar_config_max_seq_len_bounded(tmp_path):
+    import json
+
     from hostile_helpers import tiny_model
 
+    from msar_export.config import MSARConfig
     from msar_export.engines.onnx_info import read_onnx
     from msar_export.errors import MsarError
     import onnx
 
-    for text, ok in (('{"max_seq_len": 1e400}', False), ('{"max_seq_len": 1e30}', False),
-                     ('{"max_seq_len": 0}', False), ('{"max_seq_len": 64}', True)):
-        path = tiny_model(tmp_path / text.count("e").__str__() / text[-4:-1].strip(), "w.bin")
+    good = json.loads(MSARConfig().to_json())
+    for value, ok in (("1e400", False), ("1e30", False), ("0", False), ("64", True)):
+        text = json.dumps({**good, "max_seq_len": 0}).replace('"max_seq_len": 0', f'"max_seq_len": {value}')
+        path = tiny_model(tmp_path / value, "w.bin")
         model = onnx.load(path, load_external_data=False)
         onnx.helper.set_model_props(model, {"msar.config": text})
         onnx.save(model, path)
@@ -183,6 +187,8 @@ def test_build_reads_msar_config_max_seq_len_bounded(tmp_path):
         else:
             with pytest.raises(MsarError, match="max_seq_len"):
                 read_onnx(path)
+    # A file without msar.config (not exported by msar-export) gets MSARConfig's default.
+    assert read_onnx(tiny_model(tmp_path / "none", "w.bin")).max_seq_len == MSARConfig().max_seq_len
 
 
 # -- 3: products of config values are bounded: no table sized by max_seq_len ----------------------

@@ -13,8 +13,9 @@ from polygraphy.exception import PolygraphyException
 from msar_export.checkpoint import load_checkpoint
 from msar_export.errors import InputError
 from msar_export.runners import output_names
-from msar_export.runners.common import layer_index, layer_order
-from msar_export.runners.eager import ModelFromCheckpoint, TorchRunner
+from msar_export.graph_spec import hidden_index
+from msar_export.runners.common import layer_order
+from msar_export.runners.eager import TorchRunner
 from msar_export.runners.onnxrt import onnxrt_runner, uses_external_data
 from msar_export.runners.trt import tensorrt_unavailable, trt_runner_from_onnx
 
@@ -31,7 +32,7 @@ def exported(faithful):
 def make_runner(kind, exported):
     ckpt, onnx_path, cfg = exported
     if kind == "eager":
-        return TorchRunner(ModelFromCheckpoint(ckpt), name="eager")
+        return TorchRunner(lambda: load_checkpoint(ckpt), name="eager")
     if kind == "onnxrt":
         return onnxrt_runner(onnx_path, output_names(cfg), name="onnxrt")
     why = tensorrt_unavailable()
@@ -96,7 +97,7 @@ def test_runners_agree_on_the_same_tokens(exported):
 
 def test_torch_runner_refuses_tokens_outside_the_vocabulary(exported):
     cfg = exported[2]
-    with TorchRunner(ModelFromCheckpoint(exported[0])) as r:
+    with TorchRunner(load_checkpoint(exported[0])) as r:
         with pytest.raises(InputError, match="outside the vocabulary"):
             r.infer({"input_ids": np.full((1, 3), cfg.vocab_size, dtype=np.int64)})
 
@@ -120,4 +121,4 @@ def test_onnxrt_runner_over_external_data_model(exported, tmp_path):
 def test_names_agree_with_the_exporter(exported):
     cfg = exported[2]
     assert layer_order(cfg)[-1] == "logits" and layer_order(cfg)[0] == "hidden.1"
-    assert [layer_index(n) for n in layer_order(cfg)] == list(range(1, cfg.n_sublayers + 2)) + [None]
+    assert [hidden_index(n) for n in layer_order(cfg)] == list(range(1, cfg.n_sublayers + 2)) + [None]

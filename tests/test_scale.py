@@ -15,7 +15,7 @@ import torch
 from conftest import make_checkpoint
 from msar_export import cli, load_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
-from msar_export.export.validate import validate_export
+from msar_export.export.validate import validate_file
 from msar_export.verdict import FLOOR, MULTIPLE, Verdict, bound, judge, rel_err
 
 # 12 blocks (25 mixers), odd sizes: 3 heads over 1 kv head, kernels [1, 3, 5].
@@ -80,9 +80,10 @@ def test_deep_export_passes_and_a_two_percent_tap_fault_fails(deep_ckpt, tmp_pat
     assert v.verdict.eager_error > 0 and v.verdict.error <= v.verdict.bound
     assert "eager float32 vs float64" in v.summary() and "ORT vs float64" in v.summary()
 
-    # The same file with one tap tensor of source 13 (of 25) off by 2%, judged against the checkpoint.
+    # The same file with one tap tensor of source 13 (of 25) off by 2%, judged against the checkpoint's
+    # reference, which the export computed before tracing.
     _fault_file(tmp_path / "good.onnx", tmp_path / "bad.onnx", 13)
-    bad = validate_export(tmp_path / "bad.onnx", load_checkpoint(deep_ckpt).eval(), opts)
+    bad = validate_file(tmp_path / "bad.onnx", good.reference, decode, opts.dtype)
     assert not bad.passed and bad.verdict.error > 10 * bad.verdict.bound, bad.summary()
     assert any("exceeds the bound" in f for f in bad.failures)
 

@@ -174,8 +174,8 @@ def _tensorrt(plan: CheckPlan, ref_iters, tol, say, verbose) -> BackendResult:
         runner = trt_runner_from_engine(plan.engine, plan.plugins, backend=trt.backend)
     else:
         say(f"tensorrt: building an engine from {plan.graph.path.name} ({trt.precision}) with hidden.{{l}} marked")
-        runner = trt_runner_from_onnx(plan.graph.path, plan.layers, trt.precision, trt.max_shape, plan.plugins,
-                                      backend=trt.backend)
+        runner = trt_runner_from_onnx(plan.graph.exported or plan.graph.path, plan.layers, trt.precision,
+                                      trt.max_shape, plan.plugins, backend=trt.backend)
     res = _run_and_compare("tensorrt", runner, plan, ref_iters, tol, trt.precision, trt.optional, verbose)
     if res.status == "pass" and any(lr.status == "missing" for lr in res.layers):
         res.reason = "logits only: the engine has no hidden.{l} outputs, so a failure could not be located"

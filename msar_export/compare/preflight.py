@@ -18,7 +18,7 @@ from ..engines.backends import Backend
 from ..errors import EngineError, InputError, OnnxModelError
 from ..graph_file import ExportedGraph
 from ..graph_spec import INPUT_IDS, LOGITS, GraphSpec
-from ..verdict import PRECISIONS
+from ..verdict import NUMPY_DTYPES, PRECISIONS
 from .inputs import check_shapes, decode_batches, default_shapes, token_batches
 from .tolerances import looser
 
@@ -52,27 +52,29 @@ def inspect_onnx(path, ckpt_cfg: MSARConfig) -> GraphInfo:
                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})")
     decode = graph.decode
     inits = graph.initializers
-    inputs = graph.inputs
+    names = graph.input_names
     if decode:
         spec = GraphSpec(ckpt_cfg, decode=True)
         want = spec.input_names
-        if [v.name for v in inputs] != want:
-            raise OnnxModelError(f"--onnx {path}: decode graph inputs are {[v.name for v in inputs]}, expected {want}")
-        cache = next(v for v in inputs if v.name == spec.cache_inputs[0].name).type.tensor_type.elem_type
-        if cache not in (1, 10):  # FLOAT, FLOAT16: what numpy can feed
+        if names != want:
+            raise OnnxModelError(f"--onnx {path}: decode graph inputs are {names}, expected {want}")
+        from onnx.helper import np_dtype_to_tensor_dtype
+
+        fed = {np_dtype_to_tensor_dtype(np.dtype(t)) for t in NUMPY_DTYPES.values()}
+        if graph.inputs[names.index(spec.cache_inputs[0].name)].elem_type not in fed:
             raise OnnxModelError(f"--onnx {path}: a bfloat16 decode graph's cache cannot be fed from numpy; "
                                  "check its float32 export (or the prefill graph)")
-    elif [v.name for v in inputs] != [INPUT_IDS]:
-        raise OnnxModelError(f"--onnx {path}: graph inputs are {[v.name for v in inputs]}, expected ['{INPUT_IDS}']")
-    tt = inputs[0].type.tensor_type
-    if tt.elem_type != 7 or len(tt.shape.dim) != 2:  # 7 = INT64
+    elif names != [INPUT_IDS]:
+        raise OnnxModelError(f"--onnx {path}: graph inputs are {names}, expected ['{INPUT_IDS}']")
+    ids = graph.inputs[0]
+    if ids.elem_type != 7 or len(ids.dims) != 2:  # 7 = INT64
         raise OnnxModelError(f"--onnx {path}: input '{INPUT_IDS}' must be int64 [batch, seq]")
-    outs = {v.name: v for v in proto.graph.output}
+    outs = {t.name: t for t in graph.outputs}
     if LOGITS not in outs:
         raise OnnxModelError(f"--onnx {path}: no '{LOGITS}' output (outputs: {sorted(outs)})")
-    dims = outs[LOGITS].type.tensor_type.shape.dim
-    if len(dims) == 3 and dims[2].HasField("dim_value") and dims[2].dim_value != ckpt_cfg.vocab_size:
-        raise OnnxModelError(f"--onnx {path}: logits have {dims[2].dim_value} entries per token but the checkpoint's "
+    dims = outs[LOGITS].dims
+    if len(dims) == 3 and isinstance(dims[2], int) and dims[2] != ckpt_cfg.vocab_size:
+        raise OnnxModelError(f"--onnx {path}: logits have {dims[2]} entries per token but the checkpoint's "
                              f"vocabulary has {ckpt_cfg.vocab_size}")
     for name, shape in expected_shapes(ckpt_cfg).items():
         t = inits.get(f"model.{name}")
@@ -145,7 +147,7 @@ def plan_check(checkpoint, onnx, o) -> CheckPlan:
     from ..runners.trt import check_plugin_paths
 
     if o.dtype is not None and o.dtype not in PRECISIONS:
-        raise InputError(f"--dtype must be float32, float16 or bfloat16, got {o.dtype!r}")
+        raise InputError(f"--dtype must be one of {', '.join(PRECISIONS)}, got {o.dtype!r}")
     if o.tol is not None and not (o.tol > 0 and math.isfinite(o.tol)):
         raise InputError(f"--tol must be a positive number, got {o.tol!r}")
     model = load_checkpoint(checkpoint, dtype=torch.float32, trust_pickle=o.trust_pickle)
@@ -159,7 +161,7 @@ def plan_check(checkpoint, onnx, o) -> CheckPlan:
     meta = _engine_record(engine, graph, plugins, shapes) if engine is not None else None
     hidden = GraphSpec(cfg, graph.decode).hidden_names
     trt = _tensorrt_plan(o, graph, engine, meta, shapes, hidden)
-    cache_dtype = (np.float16 if graph.precision == "float16" else np.float32) if graph.decode else None
+    cache_dtype = NUMPY_DTYPES.get(graph.precision, np.float32) if graph.decode else None
     feeds = decode_batches(model, shapes, cache_dtype, o.seed) if graph.decode else token_batches(cfg, shapes, o.seed)
     ort = tuple(("onnxrt" if len(o.ort_ops) == 1 else f"onnxrt-{ops}", ops) for ops in o.ort_ops)
     wanted = [graph.precision] * bool(ort) + [trt.precision] * (trt.skip is None)

@@ -15,7 +15,8 @@ from typing import Callable
 
 from ..errors import InputError, OnnxModelError
 from ..fileio import check_input_file, check_outputs
-from ..graph_file import inputs_of
+from ..graph_file import ExportedGraph
+from ..verdict import PRECISIONS
 from .backends import BACKENDS, Backend, get_backend
 from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
 from .loaders import make_logger
@@ -23,8 +24,6 @@ from .metadata import EngineMetadata, FileRecord, metadata_path, read_metadata
 from .onnx_info import OnnxInfo, read_onnx
 from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_profile
 from .targets import cc_text, check_compute_capabilities, parse_compute_capabilities
-
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass
@@ -64,8 +63,8 @@ class BuildReport:
 
 
 def _check_dtype(info: OnnxInfo, dtype: str | None) -> str:
-    if dtype is not None and dtype not in DTYPES:
-        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype is not None and dtype not in PRECISIONS:
+        raise InputError(f"--dtype must be one of {', '.join(PRECISIONS)}, got {dtype!r}")
     if dtype is not None and info.dtype is not None and dtype != info.dtype:
         raise OnnxModelError(f"{info.path.name} was exported as {info.dtype}, not {dtype}: engines are strongly typed "
                              f"and take their precision from the ONNX file; re-export with "
@@ -100,19 +99,23 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
     libs = [Path(p).resolve() for p in plugin_libs]
     for lib in libs:
         check_input_file(lib, "--plugins: plugin library")  # build it with cmake (docs/tensorrt.md)
-    # The whole output set, before parsing or building: plan, metadata and timing cache are each
-    # a new or regular file, none of them the ONNX model or a plugin (the cache once replaced the model).
-    check_outputs([out_plan, metadata_path(out_plan), timing_cache], [*inputs_of(onnx_path), *libs])
-    given = shapes if isinstance(shapes, dict) else parse_profile(shapes)  # user errors before the slow parts
+    given = shapes if isinstance(shapes, dict) else parse_profile(shapes)  # user errors before the model is read
     targets = parse_compute_capabilities(compute_capabilities)
     if targets and not backend.targets:
         can = [b for b in BACKENDS.values() if b.targets]
         raise InputError(f"--compute-capability is a {'/'.join(b.label for b in can)} option; add --backend "
                          + " or ".join(b.name for b in can))
+    # Opened once, without its weights (the parser reads them from the file): its checked
+    # external-data files join the inputs no output may be.
+    graph = ExportedGraph.open(onnx_path)
+    inputs = [*graph.files, *libs]
+    # The whole output set, before building: plan, metadata and timing cache are each a new or
+    # regular file, none of them the ONNX model or a plugin (the cache once replaced the model).
+    check_outputs([out_plan, metadata_path(out_plan), timing_cache], inputs)
     trt = backend.load()
     check_compute_capabilities(backend, targets)
 
-    info = read_onnx(onnx_path)
+    info = read_onnx(graph)
     dtype = _check_dtype(info, dtype)
     if info.custom_ops and not libs:
         ops = ", ".join(f"msar::{k} x{v}" for k, v in sorted(info.custom_ops.items()))
@@ -143,7 +146,7 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).to_json()
 
     built = SaveEngine(EngineFromNetwork(network, config), out_plan, cache, describe, metadata_path(out_plan),
-                       [*inputs_of(onnx_path), *libs])()
+                       inputs)()
     ins = built.inspection
     meta = read_metadata(out_plan)
     return BuildReport(out_plan, metadata_path(out_plan), len(built.plan), time.perf_counter() - t0,

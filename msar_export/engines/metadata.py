@@ -16,13 +16,11 @@ from pathlib import Path
 
 from ..errors import EngineError
 from ..fileio import atomic_write_text, check_input_file, file_sha256
+from ..untrusted import loads_json
 from .backends import BACKENDS, TENSORRT, Backend
 
 METADATA_FORMAT = 1
 _INSTALLED = "installed"
-
-
-sha256_file = file_sha256
 
 
 def metadata_path(plan: str | os.PathLike) -> Path:
@@ -37,7 +35,7 @@ class FileRecord:
 
     @classmethod
     def of(cls, path: str | os.PathLike) -> "FileRecord":
-        return cls(str(Path(path).resolve()), sha256_file(path))
+        return cls(str(Path(path).resolve()), file_sha256(path))
 
 
 @dataclass
@@ -66,7 +64,7 @@ class EngineMetadata:
 
     @classmethod
     def from_json(cls, text: str) -> "EngineMetadata":
-        d = json.loads(text)
+        d = loads_json(text, "the build record", EngineError)
         if d.get("format") != METADATA_FORMAT:
             raise ValueError(f"metadata format {d.get('format')!r}, this msar-export reads {METADATA_FORMAT}")
         d["onnx"] = FileRecord(**d["onnx"])
@@ -87,7 +85,7 @@ def read_metadata(plan: str | os.PathLike) -> EngineMetadata:
                           f"`msar-export build MODEL.onnx -o {plan}`")
     try:
         return EngineMetadata.from_json(path.read_text())
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, EngineError) as e:
         raise EngineError(f"{path} is not valid engine metadata ({e}); rebuild the engine") from None
 
 
@@ -111,20 +109,20 @@ def verify_engine_metadata(plan: str | os.PathLike, onnx_path: str | os.PathLike
     rebuild = f"rebuild it with `msar-export build {onnx_path} -o {plan}`"
     problems = []
 
-    plan_sha = sha256_file(plan)
+    plan_sha = file_sha256(plan)
     if plan_sha != meta.plan_sha256:
         problems.append(f"the engine file changed after it was built (sha256 {_short(plan_sha)}, "
                         f"recorded {_short(meta.plan_sha256)})")
     if not Path(onnx_path).is_file():
         raise EngineError(f"ONNX file {onnx_path} does not exist")
-    onnx_sha = sha256_file(onnx_path)
+    onnx_sha = file_sha256(onnx_path)
     if onnx_sha != meta.onnx.sha256:
         problems.append(f"it was built from a different ONNX file ({Path(meta.onnx.path).name} sha256 "
                         f"{_short(meta.onnx.sha256)}; {Path(onnx_path).name} is {_short(onnx_sha)})")
 
     for lib in plugin_libs:
         check_input_file(lib, "plugin library", EngineError)
-    given = {sha256_file(lib): str(lib) for lib in plugin_libs}
+    given = {file_sha256(lib): str(lib) for lib in plugin_libs}
     recorded = {p.sha256: p.path for p in meta.plugins}
     for sha, path in given.items():
         if sha not in recorded:

@@ -18,17 +18,13 @@ layers.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import LIMITS
 from ..errors import OnnxModelError
 from ..contracts import CONTRACTS, DOMAIN
 from ..graph_file import ExportedGraph
-from ..graph_spec import META_CONFIG
-from ..numbers import integer
 
 
 @dataclass
@@ -42,34 +38,22 @@ class OnnxInfo:
     parser_bytes: bytes = b""  # the model for the TensorRT parser (plugin ops' function bodies removed)
 
 
-def read_onnx(path: str | os.PathLike) -> OnnxInfo:
-    # Weights included: the TensorRT parser gets the bytes (OnnxModelError for a missing, empty,
-    # truncated or non-ONNX file, or external data outside the model's folder).
-    graph = ExportedGraph.open(path, weights=True)
-    max_seq_len = 512  # the profile's default; msar.config is read leniently (only this field is needed)
-    try:
-        found = json.loads(graph.metadata.get(META_CONFIG, "{}")).get("max_seq_len", max_seq_len)
-    except (ValueError, TypeError, AttributeError, RecursionError):
-        found = max_seq_len
-    # Lenient about the rest, never about the size the profile is built from: 1e400 (= inf)
-    # overflowed int(), 1e30 became a profile TensorRT cannot hold.
-    max_seq_len = integer(found, 1, LIMITS["max_seq_len"], f"{path}: msar.config max_seq_len")
-
+def read_onnx(graph: ExportedGraph | str | os.PathLike) -> OnnxInfo:
+    """What the builder needs from `graph`, an opened ExportedGraph (or a path, opened here):
+    its inputs, max_seq_len (msar.config, checked) and the parser's bytes, which keep the
+    skeleton's references to the weights in the file itself (the parser reads them, given the path)."""
+    if not isinstance(graph, ExportedGraph):
+        graph = ExportedGraph.open(graph)  # OnnxModelError: missing, empty, truncated, not ONNX, data outside
     inputs = []
     for v in graph.inputs:
-        dims = []
-        for i, d in enumerate(v.type.tensor_type.shape.dim):
-            if d.HasField("dim_value"):
-                dims.append(int(d.dim_value))
-            elif d.dim_param:
-                dims.append(d.dim_param)
-            else:
+        for i, d in enumerate(v.dims):
+            if d is None:
                 raise OnnxModelError(f"input {v.name!r} has an unnamed dynamic dimension (axis {i}); "
                                      "re-export the model with msar-export")
-        inputs.append((v.name, dims))
+        inputs.append((v.name, list(v.dims)))
     # Plugin ops lose their bodies; a plugin-less op (SourceViews) keeps its one body, which the
     # parser imports as standard layers.
     plugin_ops = {op: n for op, n in graph.custom_ops.items() if op not in CONTRACTS or CONTRACTS[op].plugin}
     drop = {(DOMAIN, op) for op in CONTRACTS if CONTRACTS[op].plugin}
-    return OnnxInfo(path=graph.path, inputs=inputs, graph=graph.kind, dtype=graph.precision, max_seq_len=max_seq_len,
-                    custom_ops=plugin_ops, parser_bytes=graph.model_bytes(drop_functions=drop))
+    return OnnxInfo(path=graph.path, inputs=inputs, graph=graph.kind, dtype=graph.precision,
+                    max_seq_len=graph.max_seq_len, custom_ops=plugin_ops, parser_bytes=graph.model_bytes(drop_functions=drop))

@@ -17,6 +17,7 @@ import torch
 from ..checkpoint import load_checkpoint
 from ..errors import MsarError
 from ..memory import return_freed_memory
+from ..verdict import PRECISIONS
 from ..fileio import check_outputs
 from ..contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from .functions import function_body
@@ -24,11 +25,10 @@ from ..graph_spec import (HIDDEN, META_CHECKPOINT, META_CONFIG, META_DECOMPOSED,
                           META_MIXER_OP, GraphSpec)
 from .graphs import DecodeGraph, PrefillGraph, example_inputs
 from .optimize import optimize_model, remove_identity_casts, separate_consumed_outputs
-from .report import DTYPE_NAMES, ExportOptions, ExportReport, peak_rss_mb  # noqa: F401  (re-exported)
+from .report import ExportOptions, ExportReport, peak_rss_mb  # noqa: F401  (re-exported)
 from .save import EXTERNAL_DATA_ABOVE, save_model, weight_bytes
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-assert tuple(DTYPES) == DTYPE_NAMES
+DTYPES = {p: getattr(torch, p) for p in PRECISIONS}  # the precisions are torch's names
 
 
 def trace_to_ir(model, opts: ExportOptions, weights=None) -> ir.Model:
@@ -289,15 +289,32 @@ def finish_validation(report: ExportReport) -> ExportReport:
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, opts: ExportOptions = ExportOptions(),
-                      trust_pickle: bool = False, validate: bool = True, defer_validation: bool = False) -> ExportReport:
+                      trust_pickle: bool = False, validate: bool = True, exec_module: str | None = None) -> ExportReport:
     """A safetensors checkpoint (one file or shards) is exported weightless (weightless.py);
-    a trusted pickle one is loaded whole."""
+    a trusted pickle one is loaded whole.  With validation, a checkpoint over
+    handoff.APART_ABOVE is validated in a separate torch-free image after the export, by a
+    child this call waits for.  exec_module: for a caller whose process exists for this one
+    export (the CLI): its large buffers are mapped from the start (memory.map_large_buffers)
+    and, validating apart, the process is replaced by `python -m exec_module STATE`, which
+    validates (handoff.validate_state) and reports: the call does not return."""
+    from .handoff import exec_validation, validate_in_child, validates_apart
+
     def load(dtype):
         return load_checkpoint(checkpoint, dtype=dtype, trust_pickle=trust_pickle)
 
+    apart = validate and validates_apart(checkpoint)  # ORT after the exporting image's memory is gone
+    if apart and exec_module is not None:
+        from ..memory import map_large_buffers
+
+        map_large_buffers()
     weights = _lazy_weights(checkpoint, opts)
-    return _export(load, out, opts, Path(checkpoint).name, validate, owns_model=True,
-                   defer_validation=defer_validation, inputs=[checkpoint], weights=weights)
+    report = _export(load, out, opts, Path(checkpoint).name, validate, owns_model=True, defer_validation=apart,
+                     inputs=[checkpoint], weights=weights)
+    if not apart:
+        return report
+    if exec_module is not None:
+        exec_validation(report, exec_module)
+    return validate_in_child(report)
 
 
 def _lazy_weights(checkpoint, opts: ExportOptions):

@@ -23,6 +23,7 @@ import torch
 
 from ..checkpoint import checked_values
 from ..memory import trim_heap
+from ..verdict import NUMPY_DTYPES
 from ..weights import WeightFiles
 from .validate import Reference, validation_ids
 
@@ -88,8 +89,8 @@ def streamed_logits(files: WeightFiles, cfg, ids: torch.Tensor, dtype: torch.dty
 def streamed_reference(files: WeightFiles, cfg, dtype: str, batch: int = 3, seq: int | None = None) -> Reference | None:
     """`validate.reference_logits`' result for the checkpoint behind `files`, without loading
     it: the float64 pass, then the pass at the export dtype, each streamed.  None for
-    bfloat16 (not run in ORT)."""
-    if dtype == "bfloat16":
+    a dtype ORT does not run (bfloat16: verdict.NUMPY_DTYPES)."""
+    if dtype not in NUMPY_DTYPES:
         return None
     ids = validation_ids(cfg, batch, seq)
     ref64 = streamed_logits(files, cfg, ids, torch.float64).numpy()

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..contracts import DOMAIN
-
-DTYPE_NAMES = ("float32", "float16", "bfloat16")
+from ..verdict import PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -29,8 +28,8 @@ class ExportOptions:
     def __post_init__(self):
         if self.mixer_op not in ("fused", "retrieval"):
             raise InputError(f"--mixer-op must be fused or retrieval, got {self.mixer_op!r}")
-        if self.dtype not in DTYPE_NAMES:
-            raise InputError(f"--dtype must be one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
+        if self.dtype not in PRECISIONS:
+            raise InputError(f"--dtype must be one of {list(PRECISIONS)}, got {self.dtype!r}")
         if not 18 <= self.opset <= 23:
             raise InputError(f"--opset {self.opset} is not supported; use 18..23")
 
@@ -70,13 +69,25 @@ class ExportReport:
 
 
 
+def _status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith(field)) / 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (0 where /proc is missing)."""
+    return _status_mb("VmRSS:") or 0.0
+
+
 def peak_rss_mb() -> float:
     """This process's peak RSS.  VmHWM, not ru_maxrss: after fork+exec the latter
     still holds the parent's peak, which made a child's export look huge."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration, ValueError):
+    peak = _status_mb("VmHWM:")
+    if peak is None:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak

@@ -15,7 +15,7 @@ from ..errors import first_line
 from ..graph_spec import LOGITS
 from ..memory import return_freed_memory
 from ..onnx_wire import load_without_weights
-from ..verdict import Verdict, judge, rel_err  # noqa: F401  (rel_err: the one metric, re-exported)
+from ..verdict import NUMPY_DTYPES, Verdict, judge, rel_err  # noqa: F401  (rel_err: the one metric, re-exported)
 
 @dataclass
 class ValidationResult:
@@ -103,8 +103,8 @@ def reference_logits(model, dtype: str, batch: int = 3, seq: int | None = None) 
 
     from ..model.precision import float64_one_sublayer_at_a_time
 
-    if dtype == "bfloat16":
-        model.to(torch.bfloat16)
+    if dtype not in NUMPY_DTYPES:
+        model.to(getattr(torch, dtype))
         return None
     ids = validation_ids(model.cfg, batch, seq)
     with float64_one_sublayer_at_a_time(model), torch.no_grad():
@@ -114,20 +114,6 @@ def reference_logits(model, dtype: str, batch: int = 3, seq: int | None = None) 
         eager = model(ids).float().numpy()
     return_freed_memory()  # the float64 sublayers' heap, before tracing adds its own
     return Reference(ids.numpy(), ref64, eager)
-
-
-def validate_export(path: Path, model, opts, batch: int = 3, seq: int | None = None) -> ValidationResult:
-    """Check the file at `path` against `model` (the checkpoint's weights, any dtype;
-    converted in place and left in the export dtype), or against `model()` when
-    it is a loader, which is freed before ONNX Runtime loads the file."""
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        model = model()
-    ref = reference_logits(model, opts.dtype, batch, seq)
-    del model  # the caller's loader gave the only reference: ORT's copy of the weights comes next
-    return_freed_memory()
-    return validate_file(path, ref, opts.decode, opts.dtype)
 
 
 def validate_file(path: Path, ref: Reference | None, decode: bool, dtype: str) -> ValidationResult:

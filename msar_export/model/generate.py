@@ -92,6 +92,23 @@ def decode_loop(step, input_ids, attention_mask, cache, max_new_tokens: int, do_
     return torch.cat(out, dim=1)
 
 
+def generate_decoder(decoder, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
+                     temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+                     eos_token_id: int | None = None) -> torch.Tensor:
+    """`generate` over an exported decode graph's runner (runtime.OrtDecoder,
+    runners.trt.TrtDecoder): `decoder` gives `cfg`, `empty_cache(batch)` and
+    `step(ids, mask, positions, cache)` on numpy arrays."""
+    ids = torch.as_tensor(input_ids)
+    mask = None if attention_mask is None else torch.as_tensor(attention_mask)
+    check_token_batch(ids, mask, decoder.cfg.vocab_size, decoder.cfg.max_seq_len, max_new_tokens)
+
+    def step(ids, mask, positions, cache):
+        return decoder.step(ids.numpy(), mask.numpy(), positions.numpy(), cache)
+
+    return decode_loop(step, ids, mask, decoder.empty_cache(ids.shape[0]), max_new_tokens, do_sample, temperature,
+                       top_k, seed, eos_token_id)
+
+
 @torch.no_grad()
 def generate(model, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,

@@ -13,6 +13,6 @@ Every runner takes `input_ids` [batch, seq] int64 and returns a dict of numpy
 arrays named `logits`, `hidden.1` .. `hidden.{L+1}` (see `output_names`).
 """
 
-from .common import INPUT_NAME, LOGITS_NAME, hidden_name, output_names
+from .common import output_names
 
-__all__ = ["INPUT_NAME", "LOGITS_NAME", "hidden_name", "output_names"]
+__all__ = ["output_names"]

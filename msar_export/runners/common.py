@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import contextlib
 
-from ..graph_spec import INPUT_IDS as INPUT_NAME  # noqa: F401  (re-exported: compare.inputs, runners)
-from ..graph_spec import LOGITS as LOGITS_NAME
-from ..graph_spec import GraphSpec, hidden_index, hidden_name  # noqa: F401  (hidden_name: re-exported)
+from ..graph_spec import LOGITS, GraphSpec
 
 
 def output_names(cfg) -> list[str]:
     """`logits` then `hidden.1` .. `hidden.{L+1}`, the outputs a parity check compares."""
-    return [LOGITS_NAME, *GraphSpec(cfg, decode=False).hidden_names]
+    return [LOGITS, *GraphSpec(cfg, decode=False).hidden_names]
 
 
 def layer_order(cfg) -> list[str]:
     """The same names in depth order (h_1 first, logits last): the order "first bad layer" follows."""
-    return [*GraphSpec(cfg, decode=False).hidden_names, LOGITS_NAME]
-
-
-def layer_index(name: str) -> int | None:
-    """`hidden.3` -> 3; `logits` -> None."""
-    return hidden_index(name)
+    return [*GraphSpec(cfg, decode=False).hidden_names, LOGITS]
 
 
 @contextlib.contextmanager

@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections import OrderedDict
 
 import numpy as np
-from polygraphy.backend.base import BaseLoader, BaseRunner
+from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
-from .common import INPUT_NAME, LOGITS_NAME, hidden_name
-
-
-class ModelFromCheckpoint(BaseLoader):
-    """Lazy loader: checkpoint directory -> MSARLM in eval mode (Polygraphy's "X from Y" style)."""
-
-    def __init__(self, path: str | os.PathLike, dtype: str = "float32", trust_pickle: bool = False):
-        self.path = path
-        self.dtype = dtype
-        self.trust_pickle = trust_pickle
-
-    def call_impl(self):
-        import torch
-
-        from ..checkpoint import load_checkpoint
-
-        dt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[self.dtype]
-        return load_checkpoint(self.path, dtype=dt, trust_pickle=self.trust_pickle)
+from ..graph_spec import INPUT_IDS, LOGITS, hidden_name
 
 
 class TorchRunner(BaseRunner):
@@ -38,7 +20,7 @@ class TorchRunner(BaseRunner):
     """
 
     def __init__(self, model, name: str | None = None, device: str = "cpu", decode_cache_dtype=None):
-        """model: an MSARLM or a callable returning one (e.g. `ModelFromCheckpoint`).
+        """model: an MSARLM or a callable returning one (called on activation).
 
         decode_cache_dtype: set (np.float32 / np.float16) to take the decode
         graph's inputs (MSAR_SPEC section 3) and run the same cached step."""
@@ -54,7 +36,7 @@ class TorchRunner(BaseRunner):
         self.model = model.to(self.device).eval()
 
     def get_input_metadata_impl(self):
-        meta = TensorMetadata().add(INPUT_NAME, dtype=np.int64, shape=("batch", "seq"))
+        meta = TensorMetadata().add(INPUT_IDS, dtype=np.int64, shape=("batch", "seq"))
         if self.decode_cache_dtype is None:
             return meta
         from ..graph_spec import GraphSpec
@@ -88,7 +70,7 @@ class TorchRunner(BaseRunner):
 
         from ..model.generate import check_token_batch
 
-        ids = torch.as_tensor(np.asarray(feed_dict[INPUT_NAME]))
+        ids = torch.as_tensor(np.asarray(feed_dict[INPUT_IDS]))
         cfg = self.model.cfg
         check_token_batch(ids, None, cfg.vocab_size, cfg.max_seq_len)
         start = time.perf_counter()
@@ -100,7 +82,7 @@ class TorchRunner(BaseRunner):
         out = OrderedDict()
         # float64 stays float64 (the reference every backend is judged against); others become float32.
         out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        out[LOGITS_NAME] = logits.to(out_dtype).cpu().numpy()
+        out[LOGITS] = logits.to(out_dtype).cpu().numpy()
         for l, h in enumerate(hidden, start=1):
             out[hidden_name(l)] = h.to(out_dtype).cpu().numpy()
         return out

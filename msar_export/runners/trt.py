@@ -100,9 +100,10 @@ def trt_runner_from_engine(engine_path: str | os.PathLike, plugins=(), name: str
     return ptrt.TrtRunner(ptrt.EngineFromBytes(engine_bytes), name=name)
 
 
-def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], precision: str, max_shape: tuple[int, int],
+def trt_runner_from_onnx(graph, outputs: list[str], precision: str, max_shape: tuple[int, int],
                          plugins=(), name: str = "tensorrt", backend: Backend | None = None):
-    """TrtRunner over an engine built in memory by build's loader chain, with
+    """TrtRunner over an engine built in memory by build's loader chain from `graph` (an opened
+    ExportedGraph, handed on to the parser, or a path), with
     `outputs` marked (so every h_l can be compared) and one profile from (1, 1)
     to `max_shape`.
 
@@ -113,10 +114,10 @@ def trt_runner_from_onnx(onnx_path: str | os.PathLike, outputs: list[str], preci
     from ..engines.onnx_info import read_onnx
     from ..engines.profiles import DimRange, input_profiles
 
-    info = read_onnx(onnx_path)
+    info = read_onnx(graph)
     computes = info.dtype or "float32"
     if precision != computes:
-        raise InputError(f"{Path(onnx_path).name} computes in {computes} and an engine built from it is strongly "
+        raise InputError(f"{info.path.name} computes in {computes} and an engine built from it is strongly "
                          f"typed, so it cannot run in {precision}; export the graph in {precision}")
     backend = backend or choose_backend() or TENSORRT
     ptrt = polygraphy_trt(backend)
@@ -145,17 +146,18 @@ class TrtDecoder:
         from ..engines.metadata import verify_engine_metadata
         from ..errors import EngineError
         from ..graph_file import ExportedGraph
+        from ..verdict import NUMPY_DTYPES
 
         self.meta = verify_engine_metadata(engine_path, onnx_path, check_plugin_paths(plugins))
         if self.meta.builder.get("graph") != "decode":
             raise EngineError(f"{Path(engine_path).name} was built from a {self.meta.builder.get('graph')} graph; "
                               "generate needs an engine of a decode graph (export --decode, then build)")
-        if self.meta.dtype not in ("float32", "float16"):
+        if self.meta.dtype not in NUMPY_DTYPES:
             raise EngineError(f"{Path(engine_path).name} is {self.meta.dtype}: its cache cannot be fed from numpy; "
                               "build the float32 or float16 decode graph")
         self.cfg = ExportedGraph.open(onnx_path).config
         self.spec = GraphSpec(self.cfg, decode=True)
-        self.cache_dtype = np.float16 if self.meta.dtype == "float16" else np.float32
+        self.cache_dtype = NUMPY_DTYPES[self.meta.dtype]
         if runner is None:
             why = engine_not_run_reason(engine_path, self.meta)
             if why is not None:
@@ -174,20 +176,9 @@ class TrtDecoder:
         outs = {k: np.asarray(v.cpu() if hasattr(v, "cpu") else v) for k, v in self.runner.infer(feeds).items()}
         return outs[LOGITS], self.spec.next_cache(outs)
 
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, do_sample: bool = False,
-                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
-                 eos_token_id: int | None = None):
-        import torch
-
-        from ..model.generate import check_token_batch, decode_loop
-
-        ids = torch.as_tensor(input_ids)
-        mask = None if attention_mask is None else torch.as_tensor(attention_mask)
-        check_token_batch(ids, mask, self.cfg.vocab_size, self.cfg.max_seq_len, max_new_tokens)
-
-        def step(ids, mask, positions, cache):
-            return self.step(ids.numpy(), mask.numpy(), positions.numpy(), cache)
+    def generate(self, input_ids, attention_mask=None, **options):
+        """Same contract and options as `msar_export.generate`, on the engine."""
+        from ..model.generate import generate_decoder
 
         with self.runner:
-            return decode_loop(step, ids, mask, self.empty_cache(ids.shape[0]), max_new_tokens, do_sample,
-                               temperature, top_k, seed, eos_token_id)
+            return generate_decoder(self, input_ids, attention_mask, **options)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from pathlib import Path
 
 from ..cli_common import add_ort_ops, add_plugins, add_trust_pickle, say
 from ..errors import InputError
+from ..untrusted import loads_json
 from ..numbers import BATCH, CLIENTS, COUNT, INSTANCES, MICROSECONDS, PORT, POSITIVE, SECONDS, SEED, SIZE, THREADS
 from .sources import is_checkpoint, resolve_sources
 
@@ -137,7 +137,7 @@ def cmd_triton_repo(a) -> int:
     out = build_stock_repo(a.model, a.output, name=a.name, max_batch=a.max_batch, kind=a.kind,
                            instances=a.instances, queue_delay_us=a.queue_delay_us, batching=not a.no_batching,
                            plugins=a.plugins, onnx_for_engine=a.onnx, validate=not a.no_validate, force=a.force)
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = loads_json((out / "manifest.json").read_text(), str(out / "manifest.json"))
     name = manifest["model"]
     text = (out / name / "config.pbtxt").read_text()
     mb = next((ln.split(":")[1].strip() for ln in text.splitlines() if ln.startswith("max_batch_size")), "0")

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from ..cli_common import say
-from ..errors import InputError
+from ..errors import InputError, MsarError
+from ..untrusted import loads_json
 
 
 def exporter_fingerprint() -> str:
@@ -66,10 +67,10 @@ def export_for_serving(ckpt: Path, workdir: Path, trust_pickle: bool, progress=s
              "exporter_sha256": exporter_fingerprint()}
     prefill, decode, stamp_path = workdir / "prefill.onnx", workdir / "decode.onnx", workdir / "export.json"
     try:
-        if json.loads(stamp_path.read_text()) == stamp and prefill.is_file() and decode.is_file():
+        if loads_json(stamp_path.read_text(), str(stamp_path)) == stamp and prefill.is_file() and decode.is_file():
             progress(f"reusing {prefill} and {decode} (exported from this checkpoint before)")
             return str(prefill), str(decode)
-    except (OSError, ValueError):
+    except (OSError, MsarError):
         pass
     from ..export import ExportOptions, export_checkpoint
 

@@ -11,6 +11,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ...untrusted import loads_json
 from .loadtest import CompareSettings, LoadSettings, compare_batching, format_report, run_failed, run_load
 from .perf_analyzer import PerfSettings
 
@@ -30,7 +31,7 @@ class LoadJob:
 
     @classmethod
     def from_json(cls, text: str) -> LoadJob:
-        d = json.loads(text)
+        d = loads_json(text, "the load job")
         s = d.pop("settings")
         c = d.pop("compare")
         p = d.pop("perf", None)

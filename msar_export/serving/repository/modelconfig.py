@@ -59,24 +59,24 @@ class GraphIO:
         return None
 
 
-def read_onnx_io(path: str | os.PathLike) -> GraphIO:
-    """Inputs / outputs (names, element types, dims) of an ONNX file, without loading its weights;
-    its external-data files checked (they stay inside the model's folder) and listed."""
-    graph = ExportedGraph.open(path)
+def read_onnx_io(graph: ExportedGraph | str | os.PathLike) -> GraphIO:
+    """Inputs / outputs (names, Triton types, dims) of an opened ExportedGraph (or a path, opened
+    here without its weights): its external-data files checked (they stay inside the model's
+    folder) and listed."""
+    if not isinstance(graph, ExportedGraph):
+        graph = ExportedGraph.open(graph)
     path = graph.path
 
-    def spec(v) -> TensorSpec:
-        tt = v.type.tensor_type
-        if not v.type.HasField("tensor_type"):
-            raise OnnxModelError(f"{path}: graph I/O '{v.name}' is not a tensor; Triton cannot serve it")
-        if tt.elem_type not in ONNX_TO_TRITON:
-            raise OnnxModelError(f"{path}: graph I/O '{v.name}' has ONNX element type {tt.elem_type}, "
+    def spec(t) -> TensorSpec:
+        if t.elem_type is None:
+            raise OnnxModelError(f"{path}: graph I/O '{t.name}' is not a tensor; Triton cannot serve it")
+        if t.elem_type not in ONNX_TO_TRITON:
+            raise OnnxModelError(f"{path}: graph I/O '{t.name}' has ONNX element type {t.elem_type}, "
                                  "which Triton has no data type for")
-        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)
-        return TensorSpec(v.name, ONNX_TO_TRITON[tt.elem_type], dims)
+        return TensorSpec(t.name, ONNX_TO_TRITON[t.elem_type], tuple("?" if d is None else d for d in t.dims))
 
-    ins = tuple(spec(v) for v in graph.inputs)
-    outs = tuple(spec(v) for v in graph.outputs)
+    ins = tuple(spec(t) for t in graph.inputs)
+    outs = tuple(spec(t) for t in graph.outputs)
     return GraphIO(ins, outs, graph.metadata, graph.external_files, graph.kind, graph)
 
 

@@ -20,10 +20,10 @@ import re
 import shutil
 from pathlib import Path
 
-from ...errors import EngineError, InputError, OnnxModelError, OutputError, first_line
+from ...errors import EngineError, InputError, MsarError, OnnxModelError, OutputError, first_line
 from ...fileio import atomic_dir, check_input_file, check_output_dir, file_sha256
 from ...graph_spec import INPUT_IDS, LOGITS
-from ...untrusted import contained
+from ...untrusted import contained, loads_json
 from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
 from .readme import readme_serving, readme_stock
 
@@ -59,8 +59,8 @@ def check_runs(model: Path) -> None:
 
 def _our_manifest(out: Path) -> dict | None:
     try:
-        manifest = json.loads((out / MANIFEST).read_text())
-    except (OSError, ValueError, RecursionError):
+        manifest = loads_json((out / MANIFEST).read_text(), str(out / MANIFEST))
+    except (OSError, ValueError, MsarError):
         return None
     return manifest if isinstance(manifest, dict) and manifest.get("generator") in GENERATORS else None
 
@@ -115,8 +115,8 @@ def verify_repo(repo: str | os.PathLike) -> list[str]:
     """Problems with a repository against its manifest ([] when every file is there, unchanged)."""
     repo = Path(repo)
     try:
-        manifest = json.loads((repo / MANIFEST).read_text())
-    except (OSError, ValueError) as e:
+        manifest = loads_json((repo / MANIFEST).read_text(), str(repo / MANIFEST))
+    except (OSError, ValueError, MsarError) as e:
         return [f"{repo / MANIFEST}: unreadable ({type(e).__name__})"]
     problems = []
     files = manifest.get("files", {}) if isinstance(manifest, dict) else None
@@ -356,10 +356,10 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
     key = _key(prefill, decode, configs, library)
     if (out / MANIFEST).is_file():
         try:
-            old = json.loads((out / MANIFEST).read_text())
-        except ValueError:
+            old = loads_json((out / MANIFEST).read_text(), str(out / MANIFEST))
+        except (ValueError, MsarError):
             old = {}
-        if old.get("key") == key and not verify_repo(out):
+        if isinstance(old, dict) and old.get("key") == key and not verify_repo(out):
             return out, False
     sources = {"logits": (prefill or decode).resolve()}
     if decode_io is not None:
