@@ -85,7 +85,8 @@ def row_bounds(row: dict, cfg: MSARConfig) -> dict:
     validated = "--no-validate" not in flags
     if validated:
         phases.append(reference_bound_mib(base, cfg))
-    out = {"export_bound_mib": round(phases[0], 1)}
+    # before validation: the reference and the export (the VmHWM the export reports then)
+    out = {"export_bound_mib": round(phases[0], 1), "pre_validation_bound_mib": round(max(phases), 1)}
     for key, anonymous in (("bound_mib", False), ("anon_bound_mib", True)):
         ort = [ort_bound_mib(row["file_mib"], row["parameters"], "float16" in flags, anonymous,
                              "--external-data" in flags or row.get("external_data", False))] if validated else []
