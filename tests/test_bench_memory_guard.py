@@ -57,7 +57,7 @@ def test_tree_sample_tells_anonymous_memory_from_mapped_file_pages(tmp_path):
     mib = 64
     data = tmp_path / "pages"
     data.write_bytes(b"\1" * (mib * 2**20))
-    touch = "sum(m[i] for i in range(0, len(m), 4096)); time.sleep(0.4)"
+    touch = "sum(m[i] for i in range(0, len(m), 4096)); time.sleep(1.0)"  # held while sampled every 25 ms
     mapped = run_probe([sys.executable, "-c", f"import mmap, time; f = open({str(data)!r}, 'rb'); "
                         f"m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); {touch}"])
     anon = run_probe([sys.executable, "-c", f"import time; m = bytearray({mib * 2**20}); "
