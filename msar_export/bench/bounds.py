@@ -26,7 +26,7 @@ from ..config import MSARConfig
 GIB = 2**30
 # The validating process's own memory (python, onnx, onnxruntime, numpy; no torch) with its
 # session's arena at the validation input's size: 105 MiB of interpreter and libraries at
-# 128 M parameters (README), room left for the arena.
+# 128 M parameters, 205 MiB beyond a 488 MiB inline file (README), rounded up.
 ORT_IMAGE_MIB = 256
 
 
