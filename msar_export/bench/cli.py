@@ -35,26 +35,27 @@ def cmd_bench(a) -> int:
         print(f"wrote {Path(a.out) / 'export_scaling.json'} and {Path(a.out) / 'export_scaling.png'}")
         return 0 if all(r["returncode"] == 0 for r in res["rows"]) else 1
     if a.export_memory:
-        from .memory import LARGE_VARIANTS, VARIANTS, memory_config, memory_table, run_export_memory, write_memory
+        from .memory import (LARGE_VARIANTS, MIN_AVAILABLE_MIB, VARIANTS, memory_config, memory_table,
+                             run_export_memory, write_memory)
 
-        known = VARIANTS + LARGE_VARIANTS
-        variants = VARIANTS if a.variants == "all" else [v for v in known if v[0] in a.variants.split(",")]
+        known = dict(VARIANTS + LARGE_VARIANTS)
+        wanted = [v.strip() for v in a.variants.split(",")]
+        variants = VARIANTS if a.variants == "all" else [(v, known[v]) for v in dict.fromkeys(wanted) if v in known]
         if not variants:
-            raise InputError(f"--variants: none of {a.variants!r} is one of {[v[0] for v in known]}")
+            raise InputError(f"--variants: none of {a.variants!r} is one of {list(known)}")
         try:
             nb, d, vocab = (int(x) for x in a.memory_shape.split(","))
         except ValueError:
             raise InputError(f"--memory-shape takes n_blocks,d_model,vocab, got {a.memory_shape!r}") from None
         shard = None if a.shard_mb is None else int(a.shard_mb * 2**20)
-        res = run_export_memory(memory_config(nb, d, vocab), variants, a.memory_work, max_shard_size=shard)
+        res = run_export_memory(memory_config(nb, d, vocab), variants, a.memory_work, max_shard_size=shard,
+                                min_available_mib=a.min_available_mib or MIN_AVAILABLE_MIB)
         write_memory(res, Path(a.out), a.memory_name)
         print(memory_table(res))
         if a.update_readme:
-            from .memory import update_readme_memory
+            from .memory import saved_results, update_readme_memory
 
-            stems = ("export_memory", "export_memory_2gb")  # every result in --out, as the README shows them
-            update_readme_memory(Path(a.update_readme), [json.loads((Path(a.out) / f"{s}.json").read_text())
-                                                         for s in stems if (Path(a.out) / f"{s}.json").is_file()])
+            update_readme_memory(Path(a.update_readme), saved_results(Path(a.out)))
         return 0 if all(r["returncode"] == 0 for r in res["rows"]) else 1
     if a.depth_sweep:
         from .depth import depth_table, run_depth_sweep, write_depth_sweep
@@ -124,8 +125,11 @@ def register(sub) -> None:
     b.add_argument("--memory-name", default="export_memory", help="--export-memory: JSON/PNG file name stem")
     b.add_argument("--shard-mb", type=MIB, default=None, metavar="MIB",
                    help="--export-memory: write the checkpoint in shards of at most this size (default: one file "
-                        "up to 5 GB). The larger-than-memory row: --memory-shape 32,4096,32000 --shard-mb 2000 "
-                        "--variants 'default --external-data --no-validate' --memory-name export_memory_large")
+                        "up to 5 GB). The larger-than-memory row: --memory-shape 34,4096,32000 --shard-mb 5000 "
+                        "--variants 'default --external-data' --memory-name export_memory_large")
     b.add_argument("--memory-work", type=Path, default=None, metavar="DIR",
                    help="--export-memory: where the checkpoint and exports are made (removed after)")
+    b.add_argument("--min-available-mib", type=MIB, default=None, metavar="MIB",
+                   help="--export-memory: kill a run (its whole process tree; the row fails) when the system's "
+                        "MemAvailable falls below this (default 2 GiB)")
     b.set_defaults(func=cmd_bench)

@@ -5,15 +5,18 @@ checkpoint + the interpreter's baseline (python importing msar_export and torch)
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
+import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
 from ..config import MSARConfig
 from ..errors import InputError
 from ..fileio import atomic_write_text
+from .bounds import checkpoint_bytes, largest_tensor_bytes, row_bounds, within  # noqa: F401 (re-exported)
 from .probe import cli_probe, python_probe
 from .report import replace_block, save_png
 from .models import random_checkpoint
@@ -24,9 +27,12 @@ GOAL = 1.5
 # (label, export flags): every graph kind, then the options that change what is held.
 VARIANTS = tuple((kind, flags) for kind, flags in KIND_FLAGS.items()) + (
     ("default --external-data", ["--external-data"]), ("default --dtype float16", ["--dtype", "float16"]))
-# The larger-than-memory row (issue 26): weights never resident, so validation (which loads
-# the model for its float64 reference) is left out and the weights go to external data.
+# The larger-than-memory row (issue 26) is "default --external-data" (validated: the reference
+# streams, ORT maps the data file); this one is its export phase alone.
 LARGE_VARIANTS = (("default --external-data --no-validate", ["--external-data", "--no-validate"]),)
+# A run is killed (its whole process tree) when the system's MemAvailable falls below this: the
+# row fails instead of the OOM killer choosing among the other work on the machine.
+MIN_AVAILABLE_MIB = 2048
 BASELINE_CODE = ("import torch, msar_export.checkpoint, msar_export.model\n"  # what `import msar_export` loaded before it went lazy
 
                  "print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) / 1024)")
@@ -41,24 +47,6 @@ def baseline_mb() -> float:
     return float(python_probe(BASELINE_CODE)["stdout"].split()[-1])
 
 
-def checkpoint_bytes(cfg: MSARConfig) -> int:
-    from ..checkpoint import iter_expected
-
-    return sum(4 * math.prod(shape) for _, shape in iter_expected(cfg))
-
-
-def largest_tensor_bytes(cfg: MSARConfig) -> int:
-    from ..checkpoint import iter_expected
-
-    return max(4 * math.prod(shape) for _, shape in iter_expected(cfg))
-
-
-def export_bound_mib(base_mib: float, cfg: MSARConfig) -> float:
-    """Issue 26's bound on the export's peak (validation excluded): the interpreter's
-    baseline + 1 GiB + the largest single tensor (float32), whatever the checkpoint's size."""
-    return base_mib + 1024 + largest_tensor_bytes(cfg) / 2**20
-
-
 def plan_disk(cfg: MSARConfig, work: Path | None) -> int:
     """Refuse, before writing anything, a run the disk cannot hold: the float32 checkpoint,
     one export's file (at most as large: its weights in float32) and 1 GiB.  Returns the need."""
@@ -71,46 +59,83 @@ def plan_disk(cfg: MSARConfig, work: Path | None) -> int:
     return need
 
 
+@contextlib.contextmanager
+def terminated_as_exit():
+    """SIGTERM raises SystemExit here (Python's default ends the process at once), so a
+    terminated bench still runs its finally blocks: the child's tree killed, its files removed."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave the handler alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def measure_variant(ckpt: Path, out: Path, label: str, flags: list[str], cfg: MSARConfig, base: float,
+                    min_available_mib: float | None = MIN_AVAILABLE_MIB) -> dict:
+    """One `msar-export export` of `ckpt` in a child process (its temporary files under
+    out's folder), measured; its files removed after."""
+    params, ckpt_mb = checkpoint_bytes(cfg) // 4, _mib(ckpt.glob("*.safetensors"))
+    env = {**os.environ, "TMPDIR": str(out.parent)}  # the handoff's state goes with the rest
+    try:
+        r = cli_probe("export", str(ckpt), "-o", str(out), *flags, env=env, min_available_mib=min_available_mib)
+        made = sorted(out.parent.glob(out.name + "*"))
+        file_mb, external = _mib(made), any(p.name.endswith(".data") for p in made)
+    finally:
+        for p in out.parent.glob(out.name + "*"):
+            p.unlink()
+    reported = _reported(r["stdout"], "MB (", "MB with validation")
+    # The run's peak: the RSS sum over its process tree sampled every 25 ms, or the
+    # process's own peak (rusage spans the exec into the validating image), or what
+    # it reported, whichever is highest.
+    total = max(r["tree_peak_rss_mb"], r["peak_rss_mb"], 0.0 if reported != reported else reported)
+    verdict = next((ln.strip() for ln in r["stdout"].splitlines() if "validation:" in ln), "")[:300]
+    row = {"variant": label, "parameters": params, "checkpoint_mib": round(ckpt_mb, 1),
+           "baseline_mib": round(base, 1), "returncode": r["returncode"], "wall_s": round(r["seconds"], 1),
+           "export_s": _reported(r["stdout"], "export:", "s"),
+           "peak_export_mib": _reported(r["stdout"], "peak RSS:", "MB"), "peak_mib": round(total, 1),
+           "reported_peak_mib": reported, "tree_peak_mib": r["tree_peak_rss_mb"],
+           "tree_peak_anon_mib": r["tree_peak_anon_mb"], "rusage_peak_mib": round(r["peak_rss_mb"], 1),
+           "min_available_mib": r["min_available_mb"], "over_checkpoint": round((total - base) / ckpt_mb, 2),
+           "goal": GOAL,
+           "validation": r["aborted"] or verdict, "file_mib": round(file_mb, 1), "external_data": external}
+    row.update(row_bounds(row, cfg))
+    row["within_bound"] = within(row)
+    if r["returncode"] != 0:
+        row["stderr"] = r["stderr"][-400:]
+    return row
+
+
+def _mib(paths) -> float:
+    return sum(p.stat().st_size for p in paths) / 2**20
+
+
 def run_export_memory(cfg: MSARConfig, variants=VARIANTS, work: Path | None = None, log=print,
-                      max_shard_size: int | None = None) -> dict:
-    """max_shard_size: write the checkpoint in shards of at most this many bytes."""
+                      max_shard_size: int | None = None, min_available_mib: float | None = MIN_AVAILABLE_MIB) -> dict:
+    """max_shard_size: write the checkpoint in shards of at most this many bytes.  Whatever
+    it made is removed, also when a run fails, is killed or the bench is interrupted."""
     rows = []
     plan_disk(cfg, work)
     base = baseline_mb()
-    with tempfile.TemporaryDirectory(prefix="msar-memory-", dir=work) as tmp:
+    with terminated_as_exit(), tempfile.TemporaryDirectory(prefix="msar-memory-", dir=work) as tmp:
         ckpt = random_checkpoint(cfg, Path(tmp) / "ckpt", max_shard_size=max_shard_size)
-        params = checkpoint_bytes(cfg) // 4
         shards = len(list(ckpt.glob("*.safetensors")))
-        ckpt_mb = sum(p.stat().st_size for p in ckpt.glob("*.safetensors")) / 2**20
-        log(f"  {params / 1e6:.0f} M parameters, checkpoint {ckpt_mb:.0f} MiB in {shards} file(s), "
-            f"baseline {base:.0f} MiB")
+        log(f"  {checkpoint_bytes(cfg) / 4e6:.0f} M parameters, checkpoint {_mib(ckpt.glob('*.safetensors')):.0f} "
+            f"MiB in {shards} file(s), baseline {base:.0f} MiB")
         for label, flags in variants:
-            out = Path(tmp) / "m.onnx"
-            r = cli_probe("export", str(ckpt), "-o", str(out), *flags)
-            reported = _reported(r["stdout"], "MB (", "MB with validation")
-            # The run's peak: the RSS sum over its process tree sampled every 25 ms, or the
-            # process's own peak (rusage spans the exec into the validating image), or what
-            # it reported, whichever is highest.
-            total = max(r["tree_peak_rss_mb"], r["peak_rss_mb"], 0.0 if reported != reported else reported)
-            row = {"variant": label, "parameters": params, "checkpoint_mib": round(ckpt_mb, 1),
-                   "baseline_mib": round(base, 1), "returncode": r["returncode"], "wall_s": round(r["seconds"], 1),
-                   "export_s": _reported(r["stdout"], "export:", "s"),
-                   "peak_export_mib": _reported(r["stdout"], "peak RSS:", "MB"), "peak_mib": round(total, 1),
-                   "reported_peak_mib": reported, "tree_peak_mib": r["tree_peak_rss_mb"],
-                   "rusage_peak_mib": round(r["peak_rss_mb"], 1),
-                   "over_checkpoint": round((total - base) / ckpt_mb, 2), "goal": GOAL,
-                   "export_bound_mib": round(export_bound_mib(base, cfg), 1),
-                   "validation": next((ln.strip() for ln in r["stdout"].splitlines() if "validation:" in ln), "")[:300],
-                   "file_mib": round(sum(p.stat().st_size for p in out.parent.glob(out.name + "*")) / 2**20, 1)}
-            if r["returncode"] != 0:
-                row["stderr"] = r["stderr"][-400:]
-            for p in out.parent.glob(out.name + "*"):
-                p.unlink()
+            row = measure_variant(ckpt, Path(tmp) / "m.onnx", label, flags, cfg, base, min_available_mib)
             rows.append(row)
-            log(f"  {label:26s}: peak {total:.0f} MiB = baseline + {row['over_checkpoint']}x checkpoint "
-                f"(export alone {row['peak_export_mib']:.0f}), {row['wall_s']} s, rc {r['returncode']}")
-        shutil.rmtree(ckpt)
-    return {"machine": machine_description(2), "settings": {"config": json.loads(cfg.to_json()), "shards": shards},
+            log(f"  {label:26s}: peak {row['peak_mib']:.0f} MiB (anonymous {row['tree_peak_anon_mib']:.0f}), bound "
+                f"{row['bound_mib']:.0f} / {row['anon_bound_mib']:.0f}, export alone {row['peak_export_mib']:.0f}, "
+                f"{row['wall_s']} s, rc {row['returncode']} {row['validation'][:60]}")
+    return {"machine": machine_description(2), "settings": {"config": json.loads(cfg.to_json()), "shards": shards,
+                                                            "min_available_mib": min_available_mib},
             "rows": rows}
 
 
@@ -119,18 +144,25 @@ def memory_table(result: dict) -> str:
     r0 = result["rows"][0]
     lines = [f"Measured {m['date']} on {m['cpu']} ({m['logical_cores']} cores, shared with other work), torch "
              f"{m['torch']}; random msar checkpoint, {c['n_blocks']} blocks, d_model {c['d_model']}, vocab "
-             f"{c['vocab_size']}: {r0['parameters'] / 1e6:.0f} M parameters, {r0['checkpoint_mib']:.0f} MiB; "
-             f"baseline (python importing msar_export and torch) {r0['baseline_mib']:.0f} MiB. Peak RSS of the "
-             f"whole `msar-export export` run, validation included (MiB: the highest of the RSS summed over its process "
-             f"tree sampled every 25 ms, its rusage peak and the VmHWM it reports).", "",
-             "| variant | peak MiB | (peak - baseline) / checkpoint | goal | export alone MiB | "
-             "(export alone - baseline) / checkpoint | wall s | validation |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"{c['vocab_size']}: {r0['parameters'] / 1e6:.0f} M parameters, {r0['checkpoint_mib']:.0f} MiB in "
+             f"{result['settings'].get('shards', 1)} file(s); baseline (python importing msar_export and torch) "
+             f"{r0['baseline_mib']:.0f} MiB. Peak RSS of the whole `msar-export export` run, validation included "
+             f"(MiB: the highest of the RSS summed over its process tree sampled every 25 ms, its rusage peak and "
+             f"the VmHWM it reports; anonymous: the tree's RssAnon, sampled; before validation: the VmHWM it "
+             f"reports for the reference, trace and save), against the bounds of the formula above.", "",
+             "| variant | peak MiB | bound MiB | anonymous MiB | bound MiB | within | (peak - baseline) / checkpoint "
+             "| before validation MiB | bound MiB | file MiB | wall s | validation |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    cfg = MSARConfig.from_dict(c)
     for r in result["rows"]:
+        r = {**r, **row_bounds(r, cfg)}  # also rows measured before the bounds were recorded
+        r["within_bound"] = within(r)
         verdict = r["validation"].split(" - ")[0].replace("validation: ", "") or f"rc {r['returncode']}"
-        alone = (r["peak_export_mib"] - r["baseline_mib"]) / r["checkpoint_mib"]
-        lines.append(f"| {r['variant']} | {r['peak_mib']:.0f} | {r['over_checkpoint']} | <= {r['goal']} | "
-                     f"{r['peak_export_mib']:.0f} | {alone:.2f} | {r['wall_s']} | {verdict} |")
+        anon = r.get("tree_peak_anon_mib")
+        lines.append(f"| {r['variant']} | {r['peak_mib']:.0f} | {r['bound_mib']:.0f} | "
+                     f"{'-' if anon is None else f'{anon:.0f}'} | {r['anon_bound_mib']:.0f} | "
+                     f"{'yes' if r['within_bound'] else 'NO'} | {r['over_checkpoint']} | {r['peak_export_mib']:.0f} | "
+                     f"{r['pre_validation_bound_mib']:.0f} | {r['file_mib']:.0f} | {r['wall_s']} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -160,8 +192,16 @@ def write_memory(result: dict, out_dir: Path, name: str = "export_memory") -> No
 
 
 MEMORY_BEGIN, MEMORY_END = "<!-- export-memory:begin -->", "<!-- export-memory:end -->"
+# The README's tables, in this order: the ~320 M model, the >2 GB one, the sharded ~3 GB one,
+# the one larger than this machine's memory.
+README_STEMS = ("export_memory", "export_memory_2gb", "export_memory_medium", "export_memory_large")
+
+
+def saved_results(folder: Path) -> list[dict]:
+    """Every result in `folder` the README shows."""
+    return [json.loads((folder / f"{s}.json").read_text()) for s in README_STEMS if (folder / f"{s}.json").is_file()]
 
 
 def update_readme_memory(readme: Path, results: list[dict]) -> None:
-    """The README's export-memory block: one table per result (the ~320 M model, the >2 GB one)."""
+    """The README's export-memory block: one table per result."""
     replace_block(readme, MEMORY_BEGIN, MEMORY_END, "\n\n".join(memory_table(r) for r in results))
