@@ -45,6 +45,8 @@ def test_dry_run_passes_end_to_end(dry_run):
     assert harness and harness[0].startswith("ok: harness" if trt_headers() else "skipped: harness"), summary
     results = json.loads((out / "results.json").read_text())
     assert results["failed"] == 0
+    checked = [row for row in results["results"] if row["op"] in ("FusedMixer", "DepthRetrieval")]
+    assert len(checked) >= 10 and all(row["ok"] for row in checked), checked  # the correctness run came first
     ops = {row["op"] for row in results["results"]}
     assert ops == {"FusedMixer", "DepthRetrieval", "copy bandwidth", "prefill paths", "decode retrieval"}, ops
     for row in results["results"]:

@@ -149,10 +149,10 @@ def test_check_report_is_one_output_set(ckpt, tmp_path):
     assert tree(tmp_path) == before and not any(elsewhere.iterdir())
 
 
-def test_triton_repo_keeps_models_a_user_added(tmp_path):  # triton-repo in a child process (exit codes)
+def test_triton_repo_keeps_models_a_user_added(tmp_path):  # the refusal in a child process (exit codes)
     model = tiny_model(tmp_path / "m", "w.bin")
     repo = tmp_path / "repo"
-    r = run_cli("triton-repo", model, "-o", repo, "--no-validate")
+    r = run_main("triton-repo", model, "-o", repo, "--no-validate")
     assert r.returncode == 0, r.stderr.decode()
     added = repo / "mine" / "1" / "model.onnx"
     added.parent.mkdir(parents=True)
@@ -161,4 +161,4 @@ def test_triton_repo_keeps_models_a_user_added(tmp_path):  # triton-repo in a ch
     line = one_line_exit_2(run_cli("triton-repo", model, "-o", repo, "--no-validate"))
     assert "mine/1/model.onnx" in line and tree(repo) == before  # before: deleted with the old repository
     added.unlink()  # control: with nothing foreign, the repository is ours to replace
-    assert run_cli("triton-repo", model, "-o", repo, "--no-validate").returncode == 0
+    assert run_main("triton-repo", model, "-o", repo, "--no-validate").returncode == 0

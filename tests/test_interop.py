@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from conftest import load_cfg, load_tensors, trained_checkpoint
+from hostile_helpers import run_main
 
 from msar_export.checkpoint import load_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
@@ -309,12 +310,11 @@ def test_cli_commands_write_files_that_match(files, tmp_path):
         r = subprocess.run([*cli, *map(str, args), "-o", str(tmp_path / out)], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert_faithful(ort_logits(onnx.load(tmp_path / out), feeds), case, f"msar-export onnx {args[0]}")
-    r = subprocess.run([*cli, "reference", str(path), "--save", str(tmp_path / "ref.npy")], capture_output=True, text=True,
-                       timeout=300)
+    # In this process from here (a child of `onnx reference`: test_hostile_runs.py; of convert-opset: above).
+    r = run_main("onnx", "reference", path, "--save", tmp_path / "ref.npy", text=True)
     assert r.returncode == 0 and "ReferenceEvaluator" in r.stdout, r.stderr
     assert np.load(tmp_path / "ref.npy").shape == (2, 7, 61)
-    r = subprocess.run([*cli, "convert-opset", str(path), "--opset", "12", "-o", str(tmp_path / "down.onnx")],
-                       capture_output=True, text=True, timeout=300)
+    r = run_main("onnx", "convert-opset", path, "--opset", "12", "-o", tmp_path / "down.onnx", text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "cannot convert opset 18 -> 12" in r.stderr
     assert not (tmp_path / "down.onnx").exists()
 

@@ -11,6 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from hostile_helpers import run_main
 from serving_fixtures import CLI, REPO, SETUP, run_cli  # the fixtures: conftest.py
 
 
@@ -84,7 +85,8 @@ def _cli(*args, **env):
 
 
 def test_without_perf_analyzer_one_line_and_exit_2(tmp_path):
-    """(Its control: the runs above, where it is installed.)"""
+    """(Its control: the runs above, where it is installed.)  A child process: the one line and the exit
+    status as a shell sees them (the tests below decide in this process)."""
     r = _cli("loadtest", "--perf-analyzer", "--url", "http://127.0.0.1:9",
              MSAR_PERF_ANALYZER=str(tmp_path / "missing" / "perf_analyzer"))
     lines = r.stderr.strip().splitlines()
@@ -98,13 +100,13 @@ def test_without_perf_analyzer_one_line_and_exit_2(tmp_path):
     (["--perf-analyzer", "--url", "http://127.0.0.1:9", "--concurrency", "0"], "concurrency"),
 ])
 def test_perf_analyzer_usage_errors_are_one_line(args, says):
-    r = _cli("loadtest", *args)
+    r = run_main("loadtest", *args, text=True)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and says in lines[0], r.stdout + r.stderr
 
 
 def test_no_server_there_is_one_line(perf_analyzer):
-    r = _cli("loadtest", "--perf-analyzer", "--url", "http://127.0.0.1:9", "--models", "logits")
+    r = run_main("loadtest", "--perf-analyzer", "--url", "http://127.0.0.1:9", "--models", "logits", text=True)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "127.0.0.1:9" in lines[-1] and "Traceback" not in r.stderr, r.stdout + r.stderr
 
