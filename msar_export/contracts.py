@@ -149,24 +149,18 @@ SOURCE_VIEWS = OpContract(
     name="SourceViews",
     doc=(
         "The m views of one source (MSAR_SPEC 1.1): the source itself and one causal depthwise "
-        "convolution per stream r >= 1, over the source's kmax-1 earlier positions (its convolution "
-        "state when decoding, zeros at a sequence start) followed by its T tokens; and the state for "
-        "the next step. Float32 inside, rounded once to T. History and tokens are separate inputs and "
-        "the next state an output, so a decode step needs no Concat and no Slice per source around "
-        "the node (docs/ort_kernels.md)."
+        "convolution per stream r >= 1, over a window whose first kmax-1 rows are the positions "
+        "before the source's tokens (the convolution state when decoding, zeros at a sequence "
+        "start). Float32 inside, rounded once to T."
     ),
     inputs=(
         Port("conv_weight", "[K, d]", "T",
              "this source's taps, one row of FusedMixer's conv_weight: conv_weight[o_r + j, c] is tap j "
              "of stream r for channel c (Conv1d order: tap j multiplies token t-(k_r-1-j))"),
-        Port("past", "[B, kmax-1, d]", "T", "the source's kmax-1 positions before x (zeros at a sequence start)"),
-        Port("x", "[B, T, d]", "T", "the source's T tokens"),
+        Port("window", "[B, kmax-1+T, d]", "T", "kmax-1 rows of history, then the source's T tokens"),
     ),
-    outputs=(
-        Port("views", "[B, T, m, d]", "T",
-             "views[:, :, 0] = the source's tokens, views[:, :, r] = stream r's convolution"),
-        Port("present", "[B, kmax-1, d]", "T", "the last kmax-1 positions of past then x: the next step's past"),
-    ),
+    outputs=(Port("views", "[B, T, m, d]", "T",
+                  "views[:, :, 0] = the source's tokens, views[:, :, r] = stream r's convolution"),),
     attributes=(
         Attr("stream_kernels", "INTS", None, "kernel size per stream, first is 1 (identity)", config="stream_kernels",
              count="n_streams"),

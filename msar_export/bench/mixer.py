@@ -21,16 +21,14 @@ from .timing import copy_bandwidth_gbs, interleaved
 KERNELS = (1, 4, 8, 12)
 
 
-def _one_node_model(contract, n: int, fixed: dict, variadic: list, values: dict, function, dtype, opset: int,
-                    out_shapes: list | None = None) -> ir.Model:
-    """One `contract` node; its outputs' shapes are `out_shapes` (default: the first is `variadic`)."""
+def _one_node_model(contract, n: int, fixed: dict, variadic: list, values: dict, function, dtype, opset: int) -> ir.Model:
     t = ir.TensorType(dtype)
     inputs = [ir.Value(name=k, type=t, shape=ir.Shape(s)) for k, s in fixed.items()]
     inputs += [ir.Value(name=f"x{i}", type=t, shape=ir.Shape(variadic)) for i in range(n)]
     node = ir.Node(DOMAIN, contract.name, inputs, overload=contract.overload(n),
-                   attributes=ir_attributes(contract, values), num_outputs=len(contract.outputs))
-    for out, port, shape in zip(node.outputs, contract.outputs, out_shapes or [variadic]):
-        out.name, out.type, out.shape = port.name, t, ir.Shape(shape)
+                   attributes=ir_attributes(contract, values))
+    out = node.outputs[0]
+    out.name, out.type, out.shape = contract.outputs[0].name, t, ir.Shape(variadic)
     graph = ir.Graph(inputs, node.outputs, nodes=[node], opset_imports={"": opset, DOMAIN: DOMAIN_VERSION})
     return ir.Model(graph, ir_version=10, functions=[function])
 
@@ -56,12 +54,11 @@ def depth_retrieval_model(n: int, m: int, d: int, eps: float = 1e-6, opset: int 
 
 
 def source_views_model(d: int, kernels=KERNELS, opset: int = 18, dtype=ir.DataType.FLOAT) -> ir.Model:
-    """A graph of one msar::SourceViews node (inputs conv_weight, past, x; outputs views, present)."""
+    """A graph of one msar::SourceViews node (inputs conv_weight, window; output views)."""
     values = SOURCE_VIEWS.attribute_values(stream_kernels=kernels)
-    keep = max(kernels) - 1
-    fixed = {"conv_weight": [sum(kernels[1:]), d], "past": ["B", keep, d], "x": ["B", "T", d]}
-    return _one_node_model(SOURCE_VIEWS, 0, fixed, [], values, source_views_function(values, d, opset), dtype, opset,
-                           out_shapes=[["B", "T", len(kernels), d], ["B", keep, d]])
+    fixed = {"conv_weight": [sum(kernels[1:]), d], "window": ["B", "L", d]}
+    return _one_node_model(SOURCE_VIEWS, 0, fixed, ["B", "T", len(kernels), d], values,
+                           source_views_function(values, d, opset), dtype, opset)
 
 
 def stream_gate_model(m: int, d: int, opset: int = 18, dtype=ir.DataType.FLOAT) -> ir.Model:

@@ -7,7 +7,6 @@ placeholder), so these paths are used by the exporter alone."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..model.layers import f32
 from ..model.lm import DepthPath, EagerDepthPath
@@ -33,15 +32,14 @@ def pack_conv_weights(model) -> torch.Tensor:
     return pack_conv_rows(model.sources[str(i)].conv.values() for i in range(model.cfg.n_sublayers + 1))
 
 
-def source_views_op(conv_taps: torch.Tensor, past: torch.Tensor, x: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, kmax-1, d) history and (B, T, d) tokens -> (B, T, m, d) views and the (B, kmax-1, d) next
-    state, in x's dtype (one SourceViews node)."""
-    B, T, d = x.shape
-    views, present = torch.onnx.ops.symbolic_multi_out(
-        f"{DOMAIN}::{SOURCE_VIEWS.name}", [conv_taps, past, x], SOURCE_VIEWS.attribute_values(cfg),
-        dtypes=[x.dtype, x.dtype], shapes=[(B, T, len(cfg.stream_kernels), d), past.shape], version=DOMAIN_VERSION,
+def source_views_op(conv_taps: torch.Tensor, window: torch.Tensor, cfg) -> torch.Tensor:
+    """(B, kmax-1+T, d) window -> (B, T, m, d) views in the window's dtype (one SourceViews node)."""
+    B, L, d = window.shape
+    shape = (B, L - (cfg.kmax - 1), len(cfg.stream_kernels), d)
+    return torch.onnx.ops.symbolic(
+        f"{DOMAIN}::{SOURCE_VIEWS.name}", [conv_taps, window], SOURCE_VIEWS.attribute_values(cfg),
+        dtype=window.dtype, shape=shape, version=DOMAIN_VERSION,
     )
-    return views, present
 
 
 def depth_retrieval_op(query: torch.Tensor, views: list[torch.Tensor], cfg) -> torch.Tensor:
@@ -88,33 +86,22 @@ class FusedMixerPath(DepthPath):
 
 class RetrievalOpPath(EagerDepthPath):
     """attnres (prefill and decode), msar decode and msar `--mixer-op retrieval`: each source
-    is expanded once (msar: one SourceViews node over its conv state, zeros at a sequence start,
-    and its tokens, which also gives the next conv state), each mixer is a DepthRetrieval node,
-    and msar's scalar gate fusion one StreamGate node.  Every view is in the model's dtype (docs/kernels.md, view dtype)."""
+    is expanded once (msar: one SourceViews node over its window, from the conv state when
+    decoding), each mixer is a DepthRetrieval node, and msar's scalar gate fusion one
+    StreamGate node.  Every view is in the model's dtype (docs/kernels.md, view dtype)."""
 
     conv_op = True
 
     def __init__(self, model, history, source_mask, conv_taps=None):
         super().__init__(model, history, source_mask)
         self.conv_taps = conv_taps  # [K, d] per source (graphs.py), None: no conv streams
-        self._zeros = None
 
     def expand(self, i, x):
         if self.conv_taps is None:
             return super().expand(i, x)
-        x = self.masked(x)
-        views, present = source_views_op(self.conv_taps[i], self.past(i, x), x, self.model.cfg)
-        self.conv_states.append(present)
-        return views
-
-    def past(self, i, x):
-        """Source i's kmax-1 rows of history: the conv state, or zeros made once per graph as a Pad of
-        an empty slice of x (float16 converters retype Pad's input with x, as for DepthPath.window)."""
-        if self.history is not None:
-            return self.history[i].to(x.dtype)
-        if self._zeros is None:
-            self._zeros = F.pad(x[:, :0], (0, 0, self.model.cfg.kmax - 1, 0))
-        return self._zeros
+        window = self.window(i, self.masked(x))
+        self.record_conv_state(window)
+        return source_views_op(self.conv_taps[i], window, self.model.cfg)
 
     def add_source(self, i, x):
         # No keys: the op normalises them itself. Views in the model's dtype, as SourceViews makes msar's

@@ -133,21 +133,19 @@ def fused_mixer_function(n: int, values: dict, d: int, opset: int) -> ir.Functio
 
 
 def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
-    """window = past then x, (B, kmax-1+T, d), channels first as (B, d, 1, kmax-1+T); stream r is one
-    depthwise 2-D Conv (height 1: ONNX Runtime's depthwise path, model/mixing.py _merged_conv) over the
-    last k_r-1+T positions; the identity is the last T; stacked (B, m, d, T) and transposed to
-    (B, T, m, d). present is the window's last kmax-1 rows, in the input type (no rounding). One body
-    per file (width and kernels are the model's), so TensorRT's parser can import it as standard layers."""
-    ins = _inputs(["conv_weight", "past", "x"])
-    taps_in, past_in, x_in = ins
+    """window (B, kmax-1+T, d) channels first as (B, d, 1, kmax-1+T); stream r is one depthwise 2-D
+    Conv (height 1: ONNX Runtime's depthwise path, model/mixing.py _merged_conv) over the last
+    k_r-1+T positions; the identity is the last T; stacked (B, m, d, T) and transposed to (B, T, m, d).
+    One body per file (width and kernels are the model's), so TensorRT's parser can import it
+    as standard layers."""
+    ins = _inputs(["conv_weight", "window"])
+    taps_in, window_in = ins
     b = _Body()
     kernels = values["stream_kernels"]
     kmax = max(kernels)
-    window = b.Concat(past_in, x_in, axis=1)
-    end = b.ints([2**62])
-    present = b.Slice(window, b.ints([-(kmax - 1) if kmax > 1 else 2**62]), end, b.ints([1]))  # kmax 1: empty
     taps = b.Transpose(b.Cast(taps_in, to=FLOAT), perm=[1, 0])  # (d, K)
-    planes = b.Unsqueeze(b.Transpose(b.Cast(window, to=FLOAT), perm=[0, 2, 1]), b.ints([2]))  # (B, d, 1, L)
+    planes = b.Unsqueeze(b.Transpose(b.Cast(window_in, to=FLOAT), perm=[0, 2, 1]), b.ints([2]))  # (B, d, 1, L)
+    end = b.ints([2**62])
 
     def last(k):  # the window's last k-1+T positions
         return b.Slice(planes, b.ints([kmax - k]), end, b.ints([3]))
@@ -158,9 +156,9 @@ def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
         ys.append(b.Unsqueeze(b.Conv(last(k), w, group=d, kernel_shape=[1, k]), b.ints([1])))
         offset += k
     stacked = b.Squeeze(b.Concat(*ys, axis=1), b.ints([3]))  # (B, m, d, T)
-    out = b.CastLike(b.Transpose(stacked, perm=[0, 3, 1, 2]), x_in)
-    out.name, present.name = "views", "present"
-    return _function(SOURCE_VIEWS, 0, ins, [out, present], b, values, opset)
+    out = b.CastLike(b.Transpose(stacked, perm=[0, 3, 1, 2]), window_in)
+    out.name = "views"
+    return _function(SOURCE_VIEWS, 0, ins, [out], b, values, opset)
 
 
 def stream_gate_function(values: dict, d: int, m: int, opset: int) -> ir.Function:

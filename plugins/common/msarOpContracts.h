@@ -18,7 +18,6 @@ constexpr char const* kPluginNamespace = "";
 
 constexpr char const* kFusedMixerName = "FusedMixer";
 constexpr int32_t kFusedMixerFixedInputs = 5;
-constexpr int32_t kFusedMixerOutputs = 1;
 constexpr char const* const kFusedMixerFixedInputNames[] = {"query", "gate_weight", "gate_bias", "gate_scale", "conv_weight"};
 
 //! The creator's PluginField table: ONNX attribute names and types, in contract order.
@@ -77,7 +76,6 @@ void setFusedMixerKernelAttrs(Args& args, FusedMixerAttrFields const& a)
 
 constexpr char const* kDepthRetrievalName = "DepthRetrieval";
 constexpr int32_t kDepthRetrievalFixedInputs = 1;
-constexpr int32_t kDepthRetrievalOutputs = 1;
 constexpr char const* const kDepthRetrievalFixedInputNames[] = {"query"};
 
 //! The creator's PluginField table: ONNX attribute names and types, in contract order.
@@ -125,15 +123,13 @@ void setDepthRetrievalKernelAttrs(Args& args, DepthRetrievalAttrFields const& a)
 // ---- SourceViews -----------------------------------------------------------
 
 constexpr char const* kSourceViewsName = "SourceViews";
-constexpr int32_t kSourceViewsFixedInputs = 3;
-constexpr int32_t kSourceViewsOutputs = 2;
-constexpr char const* const kSourceViewsFixedInputNames[] = {"conv_weight", "past", "x"};
+constexpr int32_t kSourceViewsFixedInputs = 2;
+constexpr char const* const kSourceViewsFixedInputNames[] = {"conv_weight", "window"};
 
 // ---- StreamGate ------------------------------------------------------------
 
 constexpr char const* kStreamGateName = "StreamGate";
 constexpr int32_t kStreamGateFixedInputs = 4;
-constexpr int32_t kStreamGateOutputs = 1;
 constexpr char const* const kStreamGateFixedInputNames[] = {"gate_weight", "gate_bias", "gate_scale", "z"};
 
 } // namespace msar

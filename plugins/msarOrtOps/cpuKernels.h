@@ -78,18 +78,15 @@ struct DepthRetrievalProblem
     void* z;                         // [B, T, m, d]
 };
 
-//! SourceViews (msar_export/contracts.py): the m views of one source from its window (past, then x),
-//! and the window's last kmax-1 rows.
+//! SourceViews (msar_export/contracts.py): the m views of one source from its window.
 struct SourceViewsProblem
 {
     Storage storage;
-    int64_t B, T, d;
+    int64_t B, T, d;               // T: tokens out; the window has kmax-1+T rows
     std::vector<int32_t> kernels;  // stream_kernels, first is 1
     void const* conv_weight;       // [K, d]
-    void const* past;              // [B, kmax-1, d]: the window's first rows
-    void const* x;                 // [B, T, d]: then these
+    void const* window;            // [B, kmax-1+T, d]
     void* views;                   // [B, T, m, d]
-    void* present;                 // [B, kmax-1, d]: the window's last kmax-1 rows
 };
 
 //! StreamGate (msar_export/contracts.py): mixer l's scalar stream fusion over its retrieved streams.

@@ -119,29 +119,18 @@ inline void storeRow(void* dst, int64_t offset, float const* src, int64_t count,
     }
 }
 
-//! q . v and v . v over `dp` padded channels, four independent sums each so that the adds do not
-//! wait on one another (one chain made the loop latency-bound).
+//! q . v and v . v over `dp` padded channels.
 inline void dotAndSquares(float const* q, float const* v, int64_t dp, float& dot, float& squares)
 {
-    vf a[4] = {}, b[4] = {};
-    int64_t c = 0;
-    for (; c + 4 * kVW <= dp; c += 4 * kVW)
+    vf a = vf{}, b = vf{};
+    for (int64_t c = 0; c < dp; c += kVW)
     {
-        for (int k = 0; k < 4; ++k)
-        {
-            vf const x = vload(v + c + k * kVW);
-            a[k] += vload(q + c + k * kVW) * x;
-            b[k] += x * x;
-        }
+        vf x = vload(v + c);
+        a += vload(q + c) * x;
+        b += x * x;
     }
-    for (; c < dp; c += kVW)
-    {
-        vf const x = vload(v + c);
-        a[0] += vload(q + c) * x;
-        b[0] += x * x;
-    }
-    dot = hsum((a[0] + a[1]) + (a[2] + a[3]));
-    squares = hsum((b[0] + b[1]) + (b[2] + b[3]));
+    dot = hsum(a);
+    squares = hsum(b);
 }
 
 //! The retrieval score q . RMSNorm(v) = (q . v) / sqrt(mean(v^2) + eps), over the d real channels.

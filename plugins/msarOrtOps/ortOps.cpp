@@ -120,7 +120,6 @@ struct FusedMixerKernel
     static constexpr char const* kName = msar::kFusedMixerName;
     static constexpr std::size_t kFixed = msar::kFusedMixerFixedInputs;
     static constexpr bool kVariadic = true;
-    static constexpr std::size_t kOutputs = msar::kFusedMixerOutputs;
 
     FusedMixerKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
@@ -178,7 +177,6 @@ struct DepthRetrievalKernel
     static constexpr char const* kName = msar::kDepthRetrievalName;
     static constexpr std::size_t kFixed = msar::kDepthRetrievalFixedInputs;
     static constexpr bool kVariadic = true;
-    static constexpr std::size_t kOutputs = msar::kDepthRetrievalOutputs;
 
     DepthRetrievalKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
@@ -220,7 +218,6 @@ struct SourceViewsKernel
     static constexpr char const* kName = msar::kSourceViewsName;
     static constexpr std::size_t kFixed = msar::kSourceViewsFixedInputs;
     static constexpr bool kVariadic = false;
-    static constexpr std::size_t kOutputs = msar::kSourceViewsOutputs;
 
     SourceViewsKernel(OrtApi const&, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
@@ -234,20 +231,18 @@ struct SourceViewsKernel
     void compute(Ort::KernelContext& ctx) const
     {
         char const* op = kName;
-        Input cw = input(ctx, 0), past = input(ctx, 1), x = input(ctx, 2);
+        Input cw = input(ctx, 0), w = input(ctx, 1);
         auto const [K, kmax] = msar::cpu::streamTaps(mKernels);
-        expect(x.shape.size() == 3, op, [&] { return "x must be [B, T, d], got " + shapeText(x.shape); });
-        int64_t const B = x.shape[0], T = x.shape[1], d = x.shape[2];
-        expect(past.shape == Shape{B, kmax - 1, d}, op, [&] {
-            return "past must be [B, kmax-1, d] = " + shapeText({B, kmax - 1, d}) + ", got " + shapeText(past.shape);
+        expect(w.shape.size() == 3 && w.shape[1] >= kmax - 1, op, [&] {
+            return "window must be [B, kmax-1+T, d] with kmax = " + std::to_string(kmax) + ", got " + shapeText(w.shape);
         });
+        int64_t const B = w.shape[0], T = w.shape[1] - (kmax - 1), d = w.shape[2];
         expect(cw.shape == Shape{K, d}, op,
                [&] { return "conv_weight must be [K, d] = " + shapeText({K, d}) + ", got " + shapeText(cw.shape); });
         auto const m = static_cast<int64_t>(mKernels.size());
-        msar::cpu::SourceViewsProblem p{mStorage, B, T, d, mKernels, cw.data, past.data, x.data, nullptr, nullptr};
+        msar::cpu::SourceViewsProblem p{mStorage, B, T, d, mKernels, cw.data, w.data, nullptr};
         p.views = ctx.GetOutput(0, Shape{B, T, m, d}).GetTensorMutableRawData();
-        p.present = ctx.GetOutput(1, past.shape).GetTensorMutableRawData();
-        if (B * d > 0)
+        if (B * T * d > 0)
         {
             msar::cpu::sourceViews(p, OrtParallel(ctx));
         }
@@ -262,7 +257,6 @@ struct StreamGateKernel
     static constexpr char const* kName = msar::kStreamGateName;
     static constexpr std::size_t kFixed = msar::kStreamGateFixedInputs;
     static constexpr bool kVariadic = false;
-    static constexpr std::size_t kOutputs = msar::kStreamGateOutputs;
 
     StreamGateKernel(OrtApi const&, OrtKernelInfo const*, Storage storage) : mStorage(storage) {}
 
@@ -335,7 +329,7 @@ struct Op : Ort::CustomOpBase<Op<Kernel>, Wrapped<Kernel>, true>
     {
         return Kernel::kVariadic && i == Kernel::kFixed ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
     }
-    std::size_t GetOutputTypeCount() const { return Kernel::kOutputs; }
+    std::size_t GetOutputTypeCount() const { return 1; }
     ONNXTensorElementDataType GetOutputType(std::size_t) const { return mType; }
 
     ONNXTensorElementDataType mType;
