@@ -20,30 +20,45 @@ from msar_export.runtime import OrtDecoder
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("graphs", nargs="+")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--cpu-time", action="store_true")
-    args = ap.parse_args()
-    clock = time.process_time if args.cpu_time else time.perf_counter
+    args, clock = parse_pair_args(__doc__, "--batch", 1)
     torch.manual_seed(0)
     prompt = torch.randint(0, 256, (args.batch, 64))
     runs = [ort_decode_steps(OrtDecoder(p, threads=args.threads), prompt, 16) for p in args.graphs]
+    times = interleaved(runs, clock, per_run=16)
+    report(args.graphs, times, f"batch {args.batch}, {args.threads} thread(s){' CPU time' if args.cpu_time else ''}",
+           "ms/step")
+
+
+def parse_pair_args(doc: str, size_flag: str, size_default: int):
+    """The pair scripts' command line (graphs, a size, --threads, --cpu-time) and their clock."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("graphs", nargs="+")
+    ap.add_argument(size_flag, type=int, default=size_default)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpu-time", action="store_true")
+    args = ap.parse_args()
+    return args, time.process_time if args.cpu_time else time.perf_counter
+
+
+def interleaved(runs, clock, per_run: int = 1, rounds: int = 7) -> list[list[float]]:
+    """Each run once to warm up, then `rounds` rounds of every run in turn: ms per unit of work."""
     for run in runs:
         run()
     times = [[] for _ in runs]
-    for _ in range(7):
+    for _ in range(rounds):
         for i, run in enumerate(runs):
             t0 = clock()
             run()
-            times[i].append((clock() - t0) / 16 * 1e3)
-    base = np.array(times[0])
-    for path, t in zip(args.graphs, times):
-        t = np.array(t)
-        print(f"batch {args.batch}, {args.threads} thread(s){' CPU time' if args.cpu_time else ''}: {path}: "
-              f"{np.median(t):.2f} ms/step, ratio to the first {np.median(t / base):.3f}")
+            times[i].append((clock() - t0) / per_run * 1e3)
+    return times
 
+
+def report(paths, times, label: str, unit: str) -> None:
+    """Each graph's median and its ratio to the first (the median of the pairwise ratios)."""
+    base = np.array(times[0])
+    for path, t in zip(paths, times):
+        t = np.array(t)
+        print(f"{label}: {path}: {np.median(t):.2f} {unit}, ratio to the first {np.median(t / base):.3f}")
 
 if __name__ == "__main__":
     main()
