@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from msar_export.bench.run import ort_decode_steps
+from msar_export.bench.timing import interleaved_samples
 from msar_export.runtime import OrtDecoder
 
 
@@ -24,7 +25,8 @@ def main() -> None:
     torch.manual_seed(0)
     prompt = torch.randint(0, 256, (args.batch, 64))
     runs = [ort_decode_steps(OrtDecoder(p, threads=args.threads), prompt, 16) for p in args.graphs]
-    times = interleaved(runs, clock, per_run=16)
+    samples = interleaved_samples(dict(enumerate(runs)), warmup=1, repeats=7, clock=clock)
+    times = [[t / 16 * 1e3 for t in samples[i]] for i in range(len(runs))]
     report(args.graphs, times, f"batch {args.batch}, {args.threads} thread(s){' CPU time' if args.cpu_time else ''}",
            "ms/step")
 
@@ -40,25 +42,13 @@ def parse_pair_args(doc: str, size_flag: str, size_default: int):
     return args, time.process_time if args.cpu_time else time.perf_counter
 
 
-def interleaved(runs, clock, per_run: int = 1, rounds: int = 7) -> list[list[float]]:
-    """Each run once to warm up, then `rounds` rounds of every run in turn: ms per unit of work."""
-    for run in runs:
-        run()
-    times = [[] for _ in runs]
-    for _ in range(rounds):
-        for i, run in enumerate(runs):
-            t0 = clock()
-            run()
-            times[i].append((clock() - t0) / per_run * 1e3)
-    return times
-
-
 def report(paths, times, label: str, unit: str) -> None:
     """Each graph's median and its ratio to the first (the median of the pairwise ratios)."""
     base = np.array(times[0])
     for path, t in zip(paths, times):
         t = np.array(t)
         print(f"{label}: {path}: {np.median(t):.2f} {unit}, ratio to the first {np.median(t / base):.3f}")
+
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from decode_pair import interleaved, parse_pair_args, report  # this folder is on sys.path when run as a script
+from decode_pair import parse_pair_args, report  # this folder is on sys.path when run as a script
+from msar_export.bench.timing import interleaved_samples
 from msar_export.runners.ort_runner import open_session
 
 
@@ -18,7 +19,9 @@ def main() -> None:
     args, clock = parse_pair_args(__doc__, "--tokens", 512)
     sessions = [open_session(p, threads=args.threads) for p in args.graphs]
     feeds = {"input_ids": np.random.default_rng(0).integers(0, 256, (1, args.tokens)).astype(np.int64)}
-    times = interleaved([lambda s=s: s.run(None, feeds) for s in sessions], clock)
+    samples = interleaved_samples({i: lambda s=s: s.run(None, feeds) for i, s in enumerate(sessions)},
+                                  warmup=1, repeats=7, clock=clock)
+    times = [[t * 1e3 for t in samples[i]] for i in range(len(sessions))]
     report(args.graphs, times, f"1x{args.tokens}, {args.threads} thread(s){' CPU time' if args.cpu_time else ''}", "ms")
 
 if __name__ == "__main__":

@@ -34,19 +34,25 @@ def time_fn(fn, warmup: int = 1, repeats: int = 5) -> Timing:
     return Timing(statistics.median(ts), ts[0], ts[-1], q[2] - q[0], repeats)
 
 
-def interleaved(fns: dict, warmup: int = 1, repeats: int = 5) -> dict[str, Timing]:
-    """Time several functions round-robin, so machine noise hits all alike."""
+def interleaved_samples(fns: dict, warmup: int = 1, repeats: int = 5, clock=time.perf_counter) -> dict[str, list[float]]:
+    """Every function's `repeats` times in seconds, taken round-robin after `warmup` calls each, so
+    machine noise hits all alike (scripts/decode_pair.py takes pairwise ratios of the samples)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            samples[k].append(time.perf_counter() - t0)
+            samples[k].append(clock() - t0)
+    return samples
+
+
+def interleaved(fns: dict, warmup: int = 1, repeats: int = 5) -> dict[str, Timing]:
+    """Time several functions round-robin, so machine noise hits all alike."""
     out = {}
-    for k, ts in samples.items():
+    for k, ts in interleaved_samples(fns, warmup, repeats).items():
         ts.sort()
         q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
         out[k] = Timing(statistics.median(ts), ts[0], ts[-1], q[2] - q[0], repeats)
