@@ -5,7 +5,9 @@ its ratio to the first graph (the median of the pairwise ratios).
     python scripts/decode_pair.py --batch 8 standard.decode.onnx msar.decode.onnx [--threads 1 --cpu-time]
 
 --cpu-time with --threads 1 measures process CPU time instead of wall time: a ratio that
-holds on a machine shared with other work (docs/ort_kernels.md used it while helpers ran)."""
+holds on a machine shared with other work (docs/ort_kernels.md used it while helpers ran).
+--ort-ops, one per graph (a library path, native or function), runs each graph on its own msar
+kernels: the same graph twice on two builds of the library is an A/B of a kernel change."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ def main() -> None:
     args, clock = parse_pair_args(__doc__, "--batch", 1)
     torch.manual_seed(0)
     prompt = torch.randint(0, 256, (args.batch, 64))
-    runs = [ort_decode_steps(OrtDecoder(p, threads=args.threads), prompt, 16) for p in args.graphs]
+    runs = [ort_decode_steps(OrtDecoder(p, threads=args.threads, ort_ops=o), prompt, 16)
+            for p, o in zip(args.graphs, args.ort_ops)]
     samples = interleaved_samples(dict(enumerate(runs)), warmup=1, repeats=7, clock=clock)
     times = [[t / 16 * 1e3 for t in samples[i]] for i in range(len(runs))]
     report(args.graphs, times, f"batch {args.batch}, {args.threads} thread(s){' CPU time' if args.cpu_time else ''}",
@@ -38,7 +41,13 @@ def parse_pair_args(doc: str, size_flag: str, size_default: int):
     ap.add_argument(size_flag, type=int, default=size_default)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cpu-time", action="store_true")
+    ap.add_argument("--ort-ops", nargs="+", default=None, metavar="LIBRARY",
+                    help="one per graph: a library path, native or function (default: $MSAR_ORT_OPS for all)")
     args = ap.parse_args()
+    if args.ort_ops is None:
+        args.ort_ops = [None] * len(args.graphs)
+    elif len(args.ort_ops) != len(args.graphs):
+        ap.error(f"--ort-ops takes one entry per graph ({len(args.graphs)}), got {len(args.ort_ops)}")
     return args, time.process_time if args.cpu_time else time.perf_counter
 
 

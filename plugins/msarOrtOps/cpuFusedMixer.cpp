@@ -4,7 +4,8 @@
  * taps are read from L2 or beyond once per pass and tile:
  *   0. every source's window for the tile (TILE + kmax - 1 rows, zeros before t = 0): float32 rows
  *      read where they are when the tile lies inside the sequence, else converted once into a
- *      chunk-major float32 copy;
+ *      chunk-major float32 copy; in-place rows lie d floats apart, so each pass copies a chunk's
+ *      rows into a contiguous L1 buffer before its streams read them (chunkRows);
  *   1. per source, chunk and stream, the conv views of kRegs tokens in registers (taps and the
  *      window's rows each loaded once per kRegs tokens: the loops are unrolled for each kernel size)
  *      and their q . v and v . v -> scores;
@@ -53,7 +54,7 @@ struct Window
 
 struct Scratch
 {
-    std::vector<float> windows, scores, zchunk, z, h;
+    std::vector<float> windows, scores, zchunk, z, h, stage;
     std::vector<Window> views;
     std::vector<vf> parts, logits;
 };
@@ -130,6 +131,26 @@ struct ZSink
     void end(int64_t) {}
 };
 
+//! One chunk of source i's window as contiguous rows (row stride kChunk). In-place rows lie d floats
+//! apart, so a chunk's rows fall into a few L1 sets and evict each other between streams; they are
+//! copied once per pass into `stage`, which L1 holds.
+inline float const* chunkRows(Window const& w, int64_t ch, int64_t rows, float* stage)
+{
+    float const* src = w.base + ch * w.chunk;
+    if (w.row == kChunk)
+    {
+        return src;
+    }
+    for (int64_t u = 0; u < rows; ++u)
+    {
+        for (int64_t cc = 0; cc < kChunk; cc += kVW)
+        {
+            vstore(stage + u * kChunk + cc, vload(src + u * w.row + cc));
+        }
+    }
+    return stage;
+}
+
 template <int64_t TILE>
 void runTile(Prepared const& P, int64_t item)
 {
@@ -143,6 +164,7 @@ void runTile(Prepared const& P, int64_t item)
     float* zchunk = sized(s.zchunk, TILE * m * kChunk);
     float* z = sized(s.z, TILE * m * dp);
     float* h = sized(s.h, dp);
+    float* stage = sized(s.stage, rows * kChunk);
     vf* parts = sized(s.parts, TILE * m * 2);
     vf* logits = sized(s.logits, TILE * m);
     Window* window = sized(s.views, p.n);
@@ -181,14 +203,14 @@ void runTile(Prepared const& P, int64_t item)
         std::fill_n(parts, TILE * m * 2, vf{});
         for (int64_t ch = 0; ch < P.chunks; ++ch)
         {
-            float const* win = window[i].base + ch * window[i].chunk;
+            float const* win = chunkRows(window[i], ch, rows, stage);
             float const* taps = P.taps.data() + (i * P.chunks + ch) * P.K * kChunk;
             for (int64_t r = 0; r < m; ++r)
             {
                 int64_t const k = p.kernels[r];
                 ScoreSink<R> sink{P.query.data() + r * dp + ch * kChunk, parts + r * 2, m};
-                views::dispatchStream<TILE, R>(k, win + (H - (k - 1)) * window[i].row, window[i].row,
-                                        taps + P.offsets[r] * kChunk, sink);
+                views::dispatchStream<TILE, R>(k, win + (H - (k - 1)) * kChunk, kChunk, taps + P.offsets[r] * kChunk,
+                                               sink);
             }
         }
         for (int64_t tr = 0; tr < TILE * m; ++tr)
@@ -224,14 +246,14 @@ void runTile(Prepared const& P, int64_t item)
         std::fill_n(zchunk, TILE * m * kChunk, 0.F);
         for (int64_t i = 0; i < p.n; ++i)
         {
-            float const* win = window[i].base + ch * window[i].chunk;
+            float const* win = chunkRows(window[i], ch, rows, stage);
             float const* taps = P.taps.data() + (i * P.chunks + ch) * P.K * kChunk;
             for (int64_t r = 0; r < m; ++r)
             {
                 int64_t const k = p.kernels[r];
                 ZSink<R> sink{scores + i * TILE * m + r, zchunk + r * kChunk, m};
-                views::dispatchStream<TILE, R>(k, win + (H - (k - 1)) * window[i].row, window[i].row,
-                                        taps + P.offsets[r] * kChunk, sink);
+                views::dispatchStream<TILE, R>(k, win + (H - (k - 1)) * kChunk, kChunk, taps + P.offsets[r] * kChunk,
+                                               sink);
             }
         }
         for (int64_t t = 0; t < tn; ++t)
