@@ -5,13 +5,25 @@
 #                              the kernels, the exporter's passes or the tolerance model)
 # Other arguments go to pytest, e.g. ./scripts/test.sh -m trt, ./scripts/test.sh -k interop.
 # Markers (pyproject.toml): slow (more graph kinds, precisions and depths of paths the
-# default tier already covers), trt (needs TensorRT or TensorRT-RTX), gpu (needs a GPU).
+# default tier already covers), trt (needs TensorRT or TensorRT-RTX), gpu (needs a GPU),
+# serial (speed ratios: run alone after the parallel stage).  MSAR_TEST_WORKERS=1 for one worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup_env.sh
-tier=(-m "not slow")
+tier="not slow and "
 if [ "${1:-}" = "--all" ]; then
-    tier=()
+    tier=""
     shift
 fi
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "${tier[@]}" "$@" tests
+pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25)
+workers=(-n "${MSAR_TEST_WORKERS:-2}" --dist loadgroup)
+if [ "$#" -gt 0 ]; then
+    # The caller's selection (a later -m replaces the tier), in the workers.
+    exec "${pytest[@]}" "${workers[@]}" -m "${tier% and }" "$@" tests
+fi
+# Two pytest-xdist workers on this project's 2-core machines (most tests keep one core busy; the
+# grouping is in tests/conftest.py), then the `serial` tests (speed ratios) alone.
+rc=0
+"${pytest[@]}" "${workers[@]}" -m "${tier}not serial" tests || rc=$?
+"${pytest[@]}" -m "${tier}serial" tests || rc=$((rc ? rc : $?))
+exit "$rc"

@@ -7,7 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from msar_export.bench.guard import GUARD_MARGIN, guard_ratios, regressions
+
+# Alone, after the parallel workers (scripts/test.sh): a ratio measured beside other tests is noise.
+pytestmark = pytest.mark.serial
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results.json"
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from conftest import make_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
@@ -46,9 +45,8 @@ def test_triton_repo_validates_without_tritonclient(tmp_path):
     assert "validated with Triton's ModelConfig schema" in r.stdout
 
 
-@pytest.mark.skipif(not TRITON_PY.exists(), reason=".venv-triton is absent: cannot compare the bundled schema "
-                                                    "with tritonclient's (scripts/setup_triton_env.sh makes it)")
-def test_bundled_schema_is_tritonclients():
+def test_bundled_schema_is_tritonclients(triton):
+    """Against tritonclient's own descriptor, in .venv-triton (the `triton` fixture makes it or skips)."""
     code = "import sys; from tritonclient.grpc import model_config_pb2 as m; sys.stdout.buffer.write(m.DESCRIPTOR.serialized_pb)"
     theirs = subprocess.run([str(TRITON_PY), "-c", code], capture_output=True, timeout=120, check=True).stdout
     assert theirs == SCHEMA.read_bytes()
