@@ -29,7 +29,25 @@ def test_quick_bench_writes_results_and_chart(tmp_path):
         | {("msar", "ort-function", n) for n in s.decode_batches})
     assert "msar/standard (native)" in saved["guard"] and "msar/standard prefill time in ORT (ort-native)" in saved["ratios"]
     assert "tensorrt" in saved["skipped"] and saved["machine"]["threads"] == s.threads
+    pair = saved["paired"]["msar/standard prefill time in ORT (ort-native)"]
+    assert pair["pairs"] == s.pair_repeats and pair["min"] <= pair["median"] <= pair["max"]
+    assert saved["ratios"]["msar/standard prefill time in ORT (ort-native)"] == pair["median"]
+    assert {f"standard/msar decode tokens/s, batch {n} (ort)" for n in s.decode_batches} <= set(saved["paired"])
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_paired_ratio_reads_a_known_ratio():
+    """Two sleeps of known lengths: the pairwise median finds their ratio; equal ones give 1
+    (the negative control: a pair must not invent a difference)."""
+    import time
+
+    from msar_export.bench.paired import paired_ratio
+
+    def sleeper(s):
+        return lambda: time.sleep(s)
+
+    assert 1.6 < paired_ratio(sleeper(0.02), sleeper(0.01), warmup=1, repeats=5)["median"] < 2.4
+    assert 0.8 < paired_ratio(sleeper(0.01), sleeper(0.01), warmup=1, repeats=5)["median"] < 1.25
 
 
 def test_readme_table_is_generated_from_the_checked_in_results():

@@ -64,7 +64,9 @@ def markdown_table(result: dict) -> str:
     B, T = s["prefill_shapes"][0]
     lines = [f"Measured {m['date']} on {m['cpu']} ({m['logical_cores']} cores, {m['threads']} threads), "
              f"torch {m['torch']}, onnxruntime {m['onnxruntime']}; d_model {cfg['d_model']}, {cfg['n_blocks']} blocks, "
-             f"stream kernels {list(cfg['stream_kernels'])}, random weights. Median of {s['repeats']} round-robin runs.",
+             f"stream kernels {list(cfg['stream_kernels'])}, random weights. Median of {s['repeats']} round-robin runs"
+             + (f"; the goal ratios are the median of {s.get('pair_repeats')} pairwise ratios, each row alternated "
+                "with the standard model's alone (bench/paired.py)." if result.get("paired") else "."),
              "", f"| kind | backend | prefill {B}x{T} ms | tokens/s |", "| --- | --- | --- | --- |"]
     for r in sorted(result["prefill"], key=lambda r: (r["kind"], r["backend"])):
         if (r["batch"], r["seq"]) == (B, T):
@@ -73,8 +75,10 @@ def markdown_table(result: dict) -> str:
               "| --- | --- | --- | --- |"]
     for r in sorted(result["decode"], key=lambda r: (r["kind"], r["backend"], r.get("batch", 1))):
         lines.append(f"| {r['kind']} | {r['backend']} | {r.get('batch', 1)} | {r['tokens_per_s']:.1f} |")
+    paired = result.get("paired", {})
     lines += ["", "| ratio | value |", "| --- | --- |"]
-    lines += [f"| {k} | {v} |" for k, v in result["ratios"].items() if k != "shape"]
+    lines += [f"| {k} | {v}" + (f" (pairs: {paired[k]['min']}-{paired[k]['max']}, {paired[k]['pairs']} rounds)" if k in paired else "")
+              + " |" for k, v in result["ratios"].items() if k != "shape"]
     if "guard" in result:
         g = result["guard"]
         lines += ["", f"Guard model ({g['model']}, prefill {g['shape'][0]}x{g['shape'][1]}, {g['threads']} thread(s), "

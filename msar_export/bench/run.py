@@ -20,6 +20,7 @@ from ..checkpoint import save_checkpoint
 from ..config import MSARConfig
 from ..fileio import atomic_write_text
 from .models import native_available, random_model
+from .paired import paired_ratios
 from .probe import cli_probe, python_probe
 from .timing import interleaved, machine_description
 
@@ -38,6 +39,7 @@ class BenchSettings:
     threads: int = 2
     warmup: int = 1
     repeats: int = 5
+    pair_repeats: int = 7  # rounds of each goal ratio's pair (bench/paired.py)
     compile: bool = True
     memory: bool = True
     export_probe_params: int = 0  # > 0: also export a checkpoint of about this many parameters
@@ -49,7 +51,7 @@ class BenchSettings:
 
 QUICK = dict(model=MSARConfig(d_model=64, n_blocks=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, vocab_size=256,
                               max_seq_len=4096), prefill_shapes=((1, 32),),
-             decode_prompt=8, decode_steps=4, decode_batches=(1, 2), repeats=2, compile=False, memory=False)
+             decode_prompt=8, decode_steps=4, decode_batches=(1, 2), repeats=2, pair_repeats=2, compile=False, memory=False)
 
 
 @dataclass
@@ -242,6 +244,9 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
             result["decode"].append({"kind": kind, "backend": backend, "batch": batch, "prompt": settings.decode_prompt,
                                      "steps": settings.decode_steps, **t.as_dict(),
                                      "tokens_per_s": round(batch * settings.decode_steps / t.median_s, 1)})
+        log("== goal ratios as pairs (each row alternated with the standard model's alone)")
+        result["paired"] = paired_ratios(prefill_fns, decode_fns, settings.prefill_shapes[0], settings.decode_batches,
+                                         settings.warmup, settings.pair_repeats, log)
         if not native_available():
             result["skipped"]["ort-native"] = "the native msar kernels are not built (scripts/setup_env.sh)"
         from .guard import guard_ratios
@@ -262,7 +267,8 @@ def _median(result, kind, backend, batch, seq):
 
 
 def ratios(result: dict) -> dict:
-    """The goal ratios (issues 6 and 21), from one run's side-by-side medians."""
+    """The goal ratios (issues 6 and 21): the pairs' medians where the run measured pairs
+    (bench/paired.py), else the ratio of the round-robin medians."""
     B, T = result["settings"]["prefill_shapes"][0]
     out = {"shape": f"{B}x{T}"}
     std = _median(result, "standard", "ort", B, T)
@@ -280,6 +286,8 @@ def ratios(result: dict) -> dict:
             out[f"standard/{kind} decode tokens/s, batch {batch} ({backend})"] = round(dec[("standard", "ort", batch)] / tps, 2)
         if kind == "msar" and backend.startswith("ort") and (kind, "eager", batch) in dec:
             out[f"msar decode tokens/s {backend} vs eager, batch {batch}"] = round(tps / dec[(kind, "eager", batch)], 2)
+    for key, pair in result.get("paired", {}).items():
+        out[key] = pair["median"]
     return out
 
 
