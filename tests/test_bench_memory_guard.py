@@ -123,15 +123,6 @@ def test_row_is_judged_against_the_formula_and_its_files_removed(tmp_path, monke
     assert f"| {'yes' if ok else 'NO'} |" in table
 
 
-def test_ort_phase_counts_external_data_pages_only_in_the_whole_peak():
-    from msar_export.bench.bounds import ORT_IMAGE_MIB, ort_bound_mib
-
-    assert ort_bound_mib(30000.0, 10**9, False, anonymous=True, external=True) == ORT_IMAGE_MIB
-    assert ort_bound_mib(30000.0, 10**9, False, anonymous=False, external=True) == ORT_IMAGE_MIB + 30000
-    assert ort_bound_mib(1000.0, 10**9, False, anonymous=True, external=False) == ORT_IMAGE_MIB + 1000  # inline: read
-    assert ort_bound_mib(0.0, 2**20, True, anonymous=True, external=True) == ORT_IMAGE_MIB + 4  # float16: a copy
-
-
 def test_no_validate_row_is_bounded_by_the_export_phase_alone():
     cfg = memory_config(2, 256, 1000)
     row = {"variant": "default --external-data --no-validate", "baseline_mib": 200.0, "file_mib": 10.0,
