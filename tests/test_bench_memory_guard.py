@@ -67,6 +67,31 @@ def test_tree_sample_tells_anonymous_memory_from_mapped_file_pages(tmp_path):
     assert mapped["tree_peak_anon_mb"] < mib / 2 < mib < anon["tree_peak_anon_mb"]
 
 
+def _peak_and_rss_mib() -> tuple[float, float]:
+    status = Path("/proc/self/status").read_text()
+    return tuple(int(status.split(f"{k}:")[1].split()[0]) / 1024 for k in ("VmHWM", "VmRSS"))
+
+
+def test_a_childs_rusage_peak_is_its_own_not_the_benchs(monkeypatch):
+    # the bench makes the checkpoint itself: its peak must not become every child's
+    from msar_export.bench import probe
+
+    def raise_own_peak(mib=256):
+        block = bytearray(mib * 2**20)
+        block[::4096] = b"x" * len(block[::4096])
+        del block
+        return _peak_and_rss_mib()
+
+    peak, rss = raise_own_peak()
+    assert peak > rss + 200
+    child = run_probe([sys.executable, "-c", "pass"])["peak_rss_mb"]
+    assert child < rss + 100
+    # negative control: without the reset the child reports this process's peak
+    monkeypatch.setattr(probe, "_reset_own_peak", lambda: None)
+    peak, rss = raise_own_peak()
+    assert run_probe([sys.executable, "-c", "pass"])["peak_rss_mb"] >= peak - 1 > rss + 200
+
+
 def test_sigterm_runs_the_cleanup():
     seen = []
     with pytest.raises(SystemExit) as info:

@@ -5,7 +5,8 @@ the highest of the three:
 
     reference  baseline + 8 B x (P_unit + P_tensor + P_mixers) + 8 B x T x ((L+1) m d + V)
     export     baseline + 1 GiB + the largest tensor (float32)
-    ORT        ORT_IMAGE + 12 B x T V + the weights + max(the load's tensor in flight, the run)
+    ORT        ORT_IMAGE + 12 B x T V + the weights [+ the small tensors' parsed copies]
+               + max(the load's tensor in flight, the run)
 
 ORT_IMAGE: python, numpy, onnx and onnxruntime with the session's graph (ORT_IMAGE_MIB + the
 sublayers x ORT_GRAPH_MIB); 12 B x T V: the reference's float64 and eager float32 logits,
@@ -13,7 +14,9 @@ loaded before the session; the weights: the file's bytes (inline: read into memo
 data: the data file's pages, file-backed) [+ 4 B x parameters for a float16 file: ORT's CPU
 provider converts the weights to float32 when the session is made]; the load's tensor in
 flight: inline, ORT moves each initializer out of the parsed file into its own buffer and frees
-the parsed copy, one tensor at a time (the largest, float32); the run: ORT's activations at the
+the parsed copy, one tensor at a time (the largest, float32); the parsed copies of the tensors
+under glibc's mmap threshold were in its heap, which keeps what is freed there (inline only:
+external data is mapped, `heap_kept_bytes`); the run: ORT's activations at the
 validation input (`ort_activations_mib`).  The load ends before the run starts.
 
 P_unit: the largest unit the streamed reference loads at once (the embedding or head, or one
@@ -49,6 +52,14 @@ def _unit(name: str) -> str:
     """The streamed reference's unit a tensor belongs to (export/reference.py)."""
     parts = name.split(".")
     return ".".join(parts[:2]) if parts[0] in ("layers", "sources", "mixers") else parts[0]
+
+
+def heap_kept_bytes(cfg: MSARConfig) -> int:
+    """The float32 tensors under the validating image's mmap threshold (export/handoff.py sets it):
+    an inline file's parsed copies of them are freed into the heap, which keeps the pages."""
+    from ..memory import MMAP_THRESHOLD
+
+    return 4 * sum(n for n in _tensors(cfg).values() if 4 * n < MMAP_THRESHOLD)
 
 
 def largest_tensor_bytes(cfg: MSARConfig) -> int:
@@ -103,8 +114,9 @@ def ort_bound_mib(file_mib: float, cfg: MSARConfig, float16: bool, anonymous: bo
     image = ORT_IMAGE_MIB + ORT_GRAPH_MIB * cfg.n_sublayers
     references = 12 * validation_tokens(cfg) * cfg.vocab_size / 2**20
     weights = (0.0 if anonymous and external else file_mib) + (checkpoint_bytes(cfg) / 2**20 if float16 else 0.0)
+    parsed = 0.0 if external else heap_kept_bytes(cfg) / 2**20
     in_flight = 0.0 if external else largest_tensor_bytes(cfg) / 2**20
-    return image + references + weights + max(in_flight, ort_activations_mib(cfg, decomposed))
+    return image + references + weights + parsed + max(in_flight, ort_activations_mib(cfg, decomposed))
 
 
 def row_bounds(row: dict, cfg: MSARConfig) -> dict:
