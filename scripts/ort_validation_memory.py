@@ -8,12 +8,14 @@ process's RSS and RssAnon sampled every 25 ms).  The child reads VmRSS / VmHWM a
 each phase: the Reference loaded, the session made, the run; the session is dropped before the
 verdict.  Per file:
 
-    image      RSS after the session is made - the file - the references (12 B x tokens x V)
+    image      RSS after the session is made - the file - the references (12 B x tokens x V);
+               its term: ORT_IMAGE + ORT_GRAPH x sublayers [+ the tensors under 1 MiB, inline]
     in flight  VmHWM - RSS after the session is made (inline: the initializer being moved)
     run        RSS after the run - RSS after the session is made (activations, output; external
                data: RssAnon, the data file's pages aside)
 
     python scripts/ort_validation_memory.py OUT.json MODEL.onnx[:SEQ[:OPTIONS]] ...
+    python scripts/ort_validation_memory.py --table OUT.json      (the README's table)
 
 SEQ: 19 by default (3 rows of SEQ tokens).  OPTIONS, comma-separated, change validation's
 session (runners/ort_runner.py, low_memory) to see what each setting holds: noarena
@@ -92,52 +94,84 @@ def child(model: str, seq: int, vocab: int, options: set[str]) -> None:
     print(json.dumps(out))
 
 
-def measure(model: Path, seq: int, options: str = "") -> dict:
-    from msar_export.bench.bounds import ORT_GRAPH_MIB, ORT_IMAGE_MIB, largest_tensor_bytes, ort_activations_mib, ort_bound_mib
-    from msar_export.bench.probe import run_probe
+def _model(model: Path):
     from msar_export.config import MSARConfig
-    from msar_export.export.handoff import validation_env
     from msar_export.onnx_wire import load_without_weights
 
     meta = {p.key: p.value for p in load_without_weights(model).metadata_props}
-    cfg, decomposed = MSARConfig.from_dict(json.loads(meta["msar.config"])), meta["msar.decomposed"] == "true"
     data = model.with_name(model.name + ".data")
-    external = data.is_file()
-    file_mib = (model.stat().st_size + (data.stat().st_size if external else 0)) / 2**20
+    file_bytes = model.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+    return MSARConfig.from_dict(json.loads(meta["msar.config"])), meta["msar.decomposed"] == "true", data.is_file(), \
+        file_bytes / 2**20
+
+
+def measure(model: Path, seq: int, options: str = "") -> dict:
+    """The raw figures of one validation (the parts and terms are derived from them by `parts`)."""
+    from msar_export.bench.probe import run_probe
+    from msar_export.export.handoff import validation_env
+
+    cfg = _model(model)[0]
     r = run_probe([sys.executable, __file__, "--child", str(model), str(seq), str(cfg.vocab_size), options],
                   env=validation_env())
     if r["returncode"] != 0:
         raise SystemExit(f"{model}: {r['stderr'][-400:]}")
-    ph = json.loads(r["stdout"].strip().splitlines()[-1])
-    tokens, session, run = 3 * seq, ph["session"], ph["run"]
+    return {"model": str(model), "seq": seq, "options": options, "phases": json.loads(r["stdout"].strip().splitlines()[-1]),
+            "tree_peak_mib": r["tree_peak_rss_mb"], "anon_peak_mib": r["tree_peak_anon_mb"]}
+
+
+def parts(raw: dict) -> dict:
+    """Each measured part beside its term in bench/bounds.py (MiB); the model file must be there."""
+    from msar_export.bench.bounds import (ORT_GRAPH_MIB, ORT_IMAGE_MIB, heap_kept_bytes, largest_tensor_bytes,
+                                          ort_activations_mib, ort_bound_mib)
+
+    cfg, decomposed, external, file_mib = _model(Path(raw["model"]))
+    ph, tokens = raw["phases"], 3 * raw["seq"]
+    session, run = ph["session"], ph["run"]
     references = 12 * tokens * cfg.vocab_size / 2**20
     weights_in_session = 0.0 if external else file_mib  # external data is mapped when the run reads it
     # the formula's terms are for the validation input (3 x 19); scaled here to this one's tokens
     bound_tokens = tokens / (3 * max(19, cfg.kmax + 7))
-    return {"model": str(model), "sublayers": cfg.n_sublayers, "d_model": cfg.d_model, "vocab": cfg.vocab_size,
-            "decomposed": decomposed, "external_data": external, "tokens": tokens, "options": options, "file_mib": round(file_mib, 1),
+    return {"sublayers": cfg.n_sublayers, "d_model": cfg.d_model, "vocab": cfg.vocab_size, "decomposed": decomposed,
+            "external_data": external, "tokens": tokens, "options": raw["options"], "file_mib": round(file_mib, 1),
             "image_mib": round(session["VmRSS"] - weights_in_session - references, 1),
-            "image_term_mib": ORT_IMAGE_MIB + ORT_GRAPH_MIB * cfg.n_sublayers,
+            # inline, the image also keeps the small tensors' parsed copies (in its heap)
+            "image_term_mib": round(ORT_IMAGE_MIB + ORT_GRAPH_MIB * cfg.n_sublayers
+                                    + (0.0 if external else heap_kept_bytes(cfg) / 2**20), 1),
             "in_flight_mib": round(session["VmHWM"] - session["VmRSS"], 1),
             "in_flight_term_mib": 0.0 if external else round(largest_tensor_bytes(cfg) / 2**20, 1),
             # external data: the anonymous part (the run also maps the data file's pages)
             "run_mib": round(run["RssAnon"] - session["RssAnon"] if external else run["VmRSS"] - session["VmRSS"], 1),
             "run_term_mib": round(bound_tokens * ort_activations_mib(cfg, decomposed), 1),
-            "peak_mib": round(max(ph["end"]["VmHWM"], r["tree_peak_rss_mb"]), 1),
-            "anon_peak_mib": r["tree_peak_anon_mb"],
+            "peak_mib": round(max(ph["end"]["VmHWM"], raw["tree_peak_mib"]), 1), "anon_peak_mib": raw["anon_peak_mib"],
             "ort_bound_mib": round(ort_bound_mib(file_mib, cfg, False, False, external, decomposed), 1)
-            if bound_tokens == 1 else None, "phases": ph}
+            if bound_tokens == 1 else None}
+
+
+def table(raws: list[dict]) -> str:
+    """The README's table: each measured part beside its term (MiB)."""
+    lines = ["| sublayers, d, V | graph | weights MiB | tokens | session | image (term) | in flight (term) "
+             "| run (term) | peak (ORT bound) | anonymous |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in map(parts, raws):
+        bound = "" if r["ort_bound_mib"] is None else f" ({r['ort_bound_mib']:.0f})"
+        lines.append(f"| {r['sublayers']}, {r['d_model']}, {r['vocab']} | {'decomposed' if r['decomposed'] else 'fused'} "
+                     f"| {'external' if r['external_data'] else 'inline'} {r['file_mib']:.0f} | {r['tokens']} "
+                     f"| {r['options'] or 'validation'} | {r['image_mib']:.0f} ({r['image_term_mib']:.0f}) "
+                     f"| {r['in_flight_mib']:.0f} ({r['in_flight_term_mib']:.0f}) | {r['run_mib']:.0f} ({r['run_term_mib']:.0f}) "
+                     f"| {r['peak_mib']:.0f}{bound} | {r['anon_peak_mib']:.0f} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> None:
+    if argv[0] == "--table":
+        return print(table(json.loads(Path(argv[1]).read_text())))
     if argv[0] == "--child":
         return child(argv[1], int(argv[2]), int(argv[3]), set(filter(None, argv[4].split(","))))
-    rows = []
+    raws = []
     for spec in argv[1:]:
         path, seq, options = (spec.split(":") + ["", ""])[:3]
-        rows.append(measure(Path(path), int(seq or 19), options))
-        print({k: v for k, v in rows[-1].items() if k != "phases"}, flush=True)
-    Path(argv[0]).write_text(json.dumps(rows, indent=1) + "\n")
+        raws.append(measure(Path(path), int(seq or 19), options))
+        print(table(raws).splitlines()[-1], flush=True)
+    Path(argv[0]).write_text(json.dumps(raws, indent=1) + "\n")
 
 
 if __name__ == "__main__":
