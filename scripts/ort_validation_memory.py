@@ -94,15 +94,15 @@ def child(model: str, seq: int, vocab: int, options: set[str]) -> None:
     print(json.dumps(out))
 
 
-def _model(model: Path):
-    from msar_export.config import MSARConfig
+def _model(model: Path) -> dict:
+    """What the terms need to know of an exported file: its config, graph kind and bytes."""
     from msar_export.onnx_wire import load_without_weights
 
     meta = {p.key: p.value for p in load_without_weights(model).metadata_props}
     data = model.with_name(model.name + ".data")
     file_bytes = model.stat().st_size + (data.stat().st_size if data.is_file() else 0)
-    return MSARConfig.from_dict(json.loads(meta["msar.config"])), meta["msar.decomposed"] == "true", data.is_file(), \
-        file_bytes / 2**20
+    return {"config": json.loads(meta["msar.config"]), "decomposed": meta["msar.decomposed"] == "true",
+            "external_data": data.is_file(), "file_mib": file_bytes / 2**20}
 
 
 def measure(model: Path, seq: int, options: str = "") -> dict:
@@ -110,21 +110,24 @@ def measure(model: Path, seq: int, options: str = "") -> dict:
     from msar_export.bench.probe import run_probe
     from msar_export.export.handoff import validation_env
 
-    cfg = _model(model)[0]
-    r = run_probe([sys.executable, __file__, "--child", str(model), str(seq), str(cfg.vocab_size), options],
+    described = _model(model)
+    r = run_probe([sys.executable, __file__, "--child", str(model), str(seq), str(described["config"]["vocab_size"]), options],
                   env=validation_env())
     if r["returncode"] != 0:
         raise SystemExit(f"{model}: {r['stderr'][-400:]}")
-    return {"model": str(model), "seq": seq, "options": options, "phases": json.loads(r["stdout"].strip().splitlines()[-1]),
+    return {"model": str(model), **described, "seq": seq, "options": options, "phases": json.loads(r["stdout"].strip().splitlines()[-1]),
             "tree_peak_mib": r["tree_peak_rss_mb"], "anon_peak_mib": r["tree_peak_anon_mb"]}
 
 
 def parts(raw: dict) -> dict:
-    """Each measured part beside its term in bench/bounds.py (MiB); the model file must be there."""
+    """Each measured part beside its term in bench/bounds.py (MiB)."""
     from msar_export.bench.bounds import (ORT_GRAPH_MIB, ORT_IMAGE_MIB, heap_kept_bytes, largest_tensor_bytes,
                                           ort_activations_mib, ort_bound_mib)
 
-    cfg, decomposed, external, file_mib = _model(Path(raw["model"]))
+    from msar_export.config import MSARConfig
+
+    cfg, decomposed, external, file_mib = (MSARConfig.from_dict(raw["config"]), raw["decomposed"], raw["external_data"],
+                                           raw["file_mib"])
     ph, tokens = raw["phases"], 3 * raw["seq"]
     session, run = ph["session"], ph["run"]
     references = 12 * tokens * cfg.vocab_size / 2**20
