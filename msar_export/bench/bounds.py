@@ -35,9 +35,10 @@ from ..config import MSARConfig
 
 GIB = 2**30
 # The validating process before any weight, reference or activation: python, numpy, onnx and
-# onnxruntime after the checker and shape inference, with an open session (README, "Export
-# memory": 88 MiB on a 4-sublayer graph), and per sublayer the session's share of the graph
-# (nodes, kernels, plans: 0.48 MiB fused, 0.67 MiB decomposed between 16 and 48 sublayers).
+# onnxruntime after the checker and shape inference, with an open session, and per sublayer the
+# session's share of the graph (nodes, kernels, plans).  Measured apart (README, "What ONNX
+# Runtime holds while validating"): 96 MiB at 4 sublayers, 96-101 at 16, 112-121 at 48, i.e.
+# 0.47 MiB (fused) to 0.63 MiB (decomposed) per sublayer, rounded up to 0.75.
 ORT_IMAGE_MIB = 96
 ORT_GRAPH_MIB = 0.75
 
