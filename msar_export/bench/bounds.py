@@ -5,9 +5,19 @@ the highest of the three:
 
     reference  baseline + 8 B x (P_unit + P_tensor + P_mixers) + 8 B x T x ((L+1) m d + V)
     export     baseline + 1 GiB + the largest tensor (float32)
-    ORT        ORT_IMAGE + the file's bytes (inline: read into memory; external data: the data
-               file's pages, file-backed) [+ 4 B x parameters for a float16 file: ORT's CPU
-               provider converts the weights to float32 when the session is made]
+    ORT        ORT_IMAGE + 12 B x T V + the weights [+ the small tensors' parsed copies]
+               + max(the load's tensor in flight, the run)
+
+ORT_IMAGE: python, numpy, onnx and onnxruntime with the session's graph (ORT_IMAGE_MIB + the
+sublayers x ORT_GRAPH_MIB); 12 B x T V: the reference's float64 and eager float32 logits,
+loaded before the session; the weights: the file's bytes (inline: read into memory; external
+data: the data file's pages, file-backed) [+ 4 B x parameters for a float16 file: ORT's CPU
+provider converts the weights to float32 when the session is made]; the load's tensor in
+flight: inline, ORT moves each initializer out of the parsed file into its own buffer and frees
+the parsed copy, one tensor at a time (the largest, float32); the parsed copies of the tensors
+under glibc's mmap threshold were in its heap, which keeps what is freed there (inline only:
+external data is mapped, `heap_kept_bytes`); the run: ORT's activations at the
+validation input (`ort_activations_mib`).  The load ends before the run starts.
 
 P_unit: the largest unit the streamed reference loads at once (the embedding or head, or one
 sublayer, or one source's convolutions), P_tensor the largest tensor (its mapped pages and the
@@ -24,10 +34,13 @@ import math
 from ..config import MSARConfig
 
 GIB = 2**30
-# The validating process's own memory (python, onnx, onnxruntime, numpy; no torch) with its
-# session's arena at the validation input's size: 105 MiB of interpreter and libraries at
-# 128 M parameters, 205 MiB beyond a 488 MiB inline file (README), rounded up.
-ORT_IMAGE_MIB = 256
+# The validating process before any weight, reference or activation: python, numpy, onnx and
+# onnxruntime after the checker and shape inference, with an open session, and per sublayer the
+# session's share of the graph (nodes, kernels, plans).  Measured apart (README, "What ONNX
+# Runtime holds while validating"): 96 MiB at 4 sublayers, 96-101 at 16, 112-121 at 48, i.e.
+# 0.47 MiB (fused) to 0.63 MiB (decomposed) per sublayer, rounded up to 0.75.
+ORT_IMAGE_MIB = 96
+ORT_GRAPH_MIB = 0.75
 
 
 def _tensors(cfg: MSARConfig) -> dict[str, int]:
@@ -40,6 +53,14 @@ def _unit(name: str) -> str:
     """The streamed reference's unit a tensor belongs to (export/reference.py)."""
     parts = name.split(".")
     return ".".join(parts[:2]) if parts[0] in ("layers", "sources", "mixers") else parts[0]
+
+
+def heap_kept_bytes(cfg: MSARConfig) -> int:
+    """The float32 tensors under the validating image's mmap threshold (export/handoff.py sets it):
+    an inline file's parsed copies of them are freed into the heap, which keeps the pages."""
+    from ..memory import MMAP_THRESHOLD
+
+    return 4 * sum(n for n in _tensors(cfg).values() if 4 * n < MMAP_THRESHOLD)
 
 
 def largest_tensor_bytes(cfg: MSARConfig) -> int:
@@ -57,24 +78,46 @@ def export_bound_mib(base_mib: float, cfg: MSARConfig) -> float:
 
 
 def reference_bound_mib(base_mib: float, cfg: MSARConfig) -> float:
-    from ..export.validate import validation_ids
-
     sizes = _tensors(cfg)
     units: dict[str, int] = {}
     for name, n in sizes.items():
         if not name.startswith("mixers."):
             units[_unit(name)] = units.get(_unit(name), 0) + n
     mixers = sum(n for name, n in sizes.items() if name.startswith("mixers."))
-    tokens = math.prod(validation_ids(cfg).shape)
-    acts = tokens * ((cfg.n_sublayers + 1) * max(cfg.n_streams, 1) * cfg.d_model + cfg.vocab_size)
+    acts = validation_tokens(cfg) * ((cfg.n_sublayers + 1) * max(cfg.n_streams, 1) * cfg.d_model + cfg.vocab_size)
     return base_mib + 8 * (max(units.values()) + max(sizes.values()) + mixers + acts) / 2**20
 
 
-def ort_bound_mib(file_mib: float, parameters: int, float16: bool, anonymous: bool, external: bool) -> float:
-    """The validating process: its image, the file's bytes (not for the anonymous part when the
-    weights are external data, which ORT maps), ORT's float32 copy of a float16 file's weights."""
-    weights = 0.0 if anonymous and external else file_mib
-    return ORT_IMAGE_MIB + weights + (4 * parameters / 2**20 if float16 else 0.0)
+def validation_tokens(cfg: MSARConfig) -> int:
+    from ..export.validate import validation_ids
+
+    return math.prod(validation_ids(cfg).shape)
+
+
+def ort_activations_mib(cfg: MSARConfig, decomposed: bool) -> float:
+    """ORT's float32 activations at the validation input, T tokens, from what the graph holds at
+    once per token.  Every source's output (L+1 of them) is read by every later mixer, so all
+    stay alive.  Decomposed, each source's m stream views (m d) are what stays, and one mixer
+    over n <= L+1 sources adds its stack of them (n m d), the stack's float32 Cast and one
+    elementwise product of it: 4 (L+1) m d.  Fused (also the decode graph), the sources (d each)
+    stay, and one FusedMixer node adds the stack X, its channels-first transpose, m views, a
+    convolution's output and one product, n d each: (m + 4)(L+1) d.  Besides: the logits (V)
+    and an MLP's three hidden tensors (3 mlp_hidden)."""
+    m = max(cfg.n_streams, 1)
+    sources = (cfg.n_sublayers + 1) * cfg.d_model * (4 * m if decomposed else m + 4)
+    return 4 * validation_tokens(cfg) * (sources + cfg.vocab_size + 3 * cfg.mlp_hidden) / 2**20
+
+
+def ort_bound_mib(file_mib: float, cfg: MSARConfig, float16: bool, anonymous: bool, external: bool,
+                  decomposed: bool) -> float:
+    """The validating process (the formula above); the anonymous part leaves out the file's bytes
+    when the weights are external data, which ORT maps and uses in place."""
+    image = ORT_IMAGE_MIB + ORT_GRAPH_MIB * cfg.n_sublayers
+    references = 12 * validation_tokens(cfg) * cfg.vocab_size / 2**20
+    weights = (0.0 if anonymous and external else file_mib) + (checkpoint_bytes(cfg) / 2**20 if float16 else 0.0)
+    parsed = 0.0 if external else heap_kept_bytes(cfg) / 2**20
+    in_flight = 0.0 if external else largest_tensor_bytes(cfg) / 2**20
+    return image + references + weights + parsed + max(in_flight, ort_activations_mib(cfg, decomposed))
 
 
 def row_bounds(row: dict, cfg: MSARConfig) -> dict:
@@ -88,8 +131,9 @@ def row_bounds(row: dict, cfg: MSARConfig) -> dict:
     # before validation: the reference and the export (the VmHWM the export reports then)
     out = {"export_bound_mib": round(phases[0], 1), "pre_validation_bound_mib": round(max(phases), 1)}
     for key, anonymous in (("bound_mib", False), ("anon_bound_mib", True)):
-        ort = [ort_bound_mib(row["file_mib"], row["parameters"], "float16" in flags, anonymous,
-                             "--external-data" in flags or row.get("external_data", False))] if validated else []
+        ort = [ort_bound_mib(row["file_mib"], cfg, "float16" in flags, anonymous,
+                             "--external-data" in flags or row.get("external_data", False),
+                             "decomposed" in flags)] if validated else []
         out[key] = round(max(phases + ort), 1)
     return out
 
