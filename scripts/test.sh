@@ -15,7 +15,7 @@ if [ "${1:-}" = "--all" ]; then
     tier=""
     shift
 fi
-pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25)
+pytest=(.venv/bin/python -m pytest -q -rs -p no:cacheprovider --durations=25)  # -rs: each skip with its reason
 workers=(-n "${MSAR_TEST_WORKERS:-2}" --dist loadgroup)
 if [ "$#" -gt 0 ]; then
     # The caller's selection (a later -m replaces the tier), in the workers.
