@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .cli_export import cmd_export
-from .cli_common import Parser, add_dtype, add_ort_ops, add_plugins, add_trust_pickle, run_command  # noqa: F401  (run_command, Parser: also used through msar_export.cli)
+from .cli_common import Parser, add_dtype, add_ort_ops, add_plugins, add_trust_pickle, run_command, say  # noqa: F401  (run_command, Parser: also used through msar_export.cli)
 from .errors import InputError
 from .numbers import COUNT, OPSET, POSITIVE, SEED, SIZE, THREADS, machine_threads
 
@@ -37,7 +37,7 @@ def cmd_train(a) -> int:
     bad = [k for k in kinds if k not in ("msar", "standard", "attnres")]
     if bad:
         raise InputError(f"--kinds: unknown residual kind(s) {bad}; use msar, standard, attnres")
-    summary = train_all(Path(a.out), kinds, DEFAULT_CONFIG, settings)
+    summary = train_all(Path(a.out), kinds, DEFAULT_CONFIG, settings, progress=say)
     print(f"eval losses: {summary['eval_loss']} -> {Path(a.out) / 'eval_losses.json'}, {Path(a.out) / 'loss_curve.png'}")
     return 0
 

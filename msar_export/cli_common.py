@@ -19,7 +19,9 @@ import argparse
 import os
 import sys
 
+from . import log
 from .errors import MsarError
+from .log import say  # noqa: F401  (the commands' progress callable, msar_export.log's convention)
 from .verdict import PRECISIONS
 
 PLUGIN_EXAMPLE = "build/plugins/libmsar_plugins.so"
@@ -63,13 +65,10 @@ def add_ort_ops(p, extra: tuple[str, ...] = ()) -> None:
                         f"or ${ORT_OPS_ENV})" + (f"; {', '.join(extra)}: see the command" if extra else ""))
 
 
-def say(msg: str) -> None:
-    """A progress line: stderr, so stdout keeps a command's result alone."""
-    print(f"msar-export: {msg}", file=sys.stderr, flush=True)
-
-
 def run_command(args) -> int:
-    """Run a parsed subcommand: user errors one line + exit 2, bugs a traceback + exit 1."""
+    """Run a parsed subcommand: progress and warnings on stderr (msar_export.log), user errors
+    one line + exit 2, bugs a traceback + exit 1."""
+    log.setup(args.command, verbose=getattr(args, "verbose", False))
     if getattr(args, "ort_ops", None) in ORT_OPS_CHOICES:
         os.environ[ORT_OPS_ENV] = args.ort_ops  # every session, and the validating process export execs
     try:

@@ -169,21 +169,24 @@ def plot_losses(histories: dict[str, dict], out_png: Path) -> None:
 
 
 def train_all(out_dir: Path, kinds=("msar", "standard", "attnres"), cfg: MSARConfig = DEFAULT_CONFIG,
-              settings: TrainSettings | None = None, log=print) -> dict:
-    """Train each residual kind identically; write checkpoints, losses JSON and PNG."""
+              settings: TrainSettings | None = None, progress=None) -> dict:
+    """Train each residual kind identically; write checkpoints, losses JSON and PNG; one line per
+    kind to `progress`."""
+    from rich.console import Console
     from rich.progress import Progress
 
     s = settings or TrainSettings()
+    progress = progress or (lambda msg: None)
     out_dir = Path(out_dir)
     histories = {}
-    with Progress(transient=True) as prog:
+    with Progress(transient=True, console=Console(stderr=True)) as prog:  # a bar on a terminal only
         for kind in kinds:
             task = prog.add_task(f"train {kind}", total=s.steps)
             model, hist = train_one(cfg.replace(residual=kind), s,
                                     lambda n, loss: prog.update(task, completed=n, description=f"train {kind} loss {loss:.3f}"))
             save_checkpoint(model, out_dir / kind, extra_files={"train_history.json": json.dumps(hist) + "\n"})
             histories[kind] = hist
-            log(f"{kind}: eval loss {hist['final_eval_loss']:.4f} after {s.steps} steps in {hist['seconds']:.0f}s -> {out_dir / kind}")
+            progress(f"{kind}: eval loss {hist['final_eval_loss']:.4f} after {s.steps} steps in {hist['seconds']:.0f}s -> {out_dir / kind}")
     summary = {"settings": vars(s), "eval_loss": {k: h["final_eval_loss"] for k, h in histories.items()},
                "seconds": {k: round(h["seconds"], 1) for k, h in histories.items()}}
     atomic_write_text(out_dir / "eval_losses.json", json.dumps(summary, indent=2) + "\n")

@@ -110,3 +110,18 @@ def test_readme_export_scaling_table_is_generated_from_the_checked_in_results():
     result = json.loads((REPO / "benchmarks" / "export_scaling.json").read_text())
     block = (REPO / "README.md").read_text().split(SCALING_BEGIN, 1)[1].split(SCALING_END, 1)[0].strip()
     assert block == scaling_table(result).strip()
+
+
+def test_time_fn_and_interleaved_summarise_samples_alike():
+    """One summary of sorted samples: the quartiles are statistics.quantiles' exclusive method,
+    worked by hand for 1..4 (q1 = 1.25, q3 = 3.75)."""
+    from msar_export.bench import timing
+
+    got = timing.Timing.of([4.0, 1.0, 3.0, 2.0])
+    assert (got.median_s, got.min_s, got.max_s, got.iqr_s, got.repeats) == (2.5, 1.0, 4.0, 2.5, 4)
+    assert timing.Timing.of([4.0, 1.0, 3.0, 2.5]).median_s == 2.75  # negative control: another sample moves it
+    calls = []
+    one = timing.time_fn(lambda: calls.append("f"), warmup=2, repeats=3)
+    assert calls == ["f"] * 5 and one.repeats == 3 and one.min_s <= one.median_s <= one.max_s
+    both = timing.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 1, 2)
+    assert calls[5:] == ["a", "b", "a", "b", "a", "b"] and [t.repeats for t in both.values()] == [2, 2]

@@ -36,3 +36,25 @@ def test_dtype_is_one_choice_set_and_shapes_one_grammar():
     # token shapes are BxT wherever --shapes exists; engine profiles are build --profile
     assert subcommands_with("--shapes") == ["check"]
     assert build_parser().parse_args(["build", *REQUIRED["build"], "--profile", "batch=1/2/4"]).profile == ["batch=1/2/4"]
+
+
+def test_one_log_convention_progress_and_library_warnings_on_stderr(capsys):
+    """A command's progress (`say`) and a library module's warning reach stderr as
+    `msar-export <command>: ...`; DEBUG only with --verbose; stdout stays empty."""
+    import logging
+
+    from msar_export import log
+    from msar_export.cli_common import say
+
+    library = logging.getLogger("msar_export.runners.ort_runner")
+    log.setup("check")
+    say("step one")
+    library.warning("native msar kernels not built")
+    library.debug("detail")
+    assert capsys.readouterr() == ("", "msar-export check: step one\n"
+                                       "msar-export check: warning: native msar kernels not built\n")
+    log.setup("build", verbose=True)  # replaces the handler: one line per record, not two
+    library.debug("detail")
+    logging.getLogger("elsewhere").warning("not ours")  # negative control: not the package's log, not its lines
+    assert capsys.readouterr() == ("", "msar-export build: debug: detail\n")
+    log.setup()  # leave the package's log as a command without --verbose sets it

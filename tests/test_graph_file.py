@@ -94,3 +94,35 @@ def test_build_parses_the_graph_and_its_config_once(tmp_path, monkeypatch, parse
     _, path = fake.calls["parsed"]
     assert Path(path) == model  # the parser reads the weights the skeleton left in the file
     _control(parses, model)
+
+
+def test_serve_parses_each_graph_and_its_config_once(graphs, tmp_path, monkeypatch, parses):
+    """`serve` opened each graph to classify it, again to write the repository and again for
+    max_seq_len; now resolve_sources opens it and hands the ExportedGraph on."""
+    from msar_export.cli import main
+    from msar_export.serving.triton import server
+
+    seen = {}
+
+    class Server:  # stands in for tritonserver: started, then stopped as Ctrl-C would
+        proc = None
+
+        def __init__(self, repo, http, grpc, **kw):
+            seen["max_elements"] = kw["max_elements"]
+
+        def start(self, timeout):
+            raise KeyboardInterrupt
+
+        def stop(self):
+            return 0
+
+    monkeypatch.setattr(server, "TritonServer", Server)
+    http, grpc = server.free_port(), server.free_port()
+    parses.clear()
+    assert main(["serve", str(graphs["prefill"]), str(graphs["decode"]), "--workdir", str(tmp_path),
+                 "--port-http", str(http), "--port-grpc", str(grpc), "--max-batch", "3"]) == 0
+    assert seen["max_elements"] == 3 * graphs["cfg"]["max_seq_len"]
+    for kind in ("prefill", "decode"):
+        assert parses["file", graphs[kind].resolve()] == 1, parses
+    assert parses["config", "msar.config metadata"] == 2, parses  # one per graph
+    _control(parses, graphs["decode"])

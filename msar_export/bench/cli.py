@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..cli_common import say
 from ..numbers import MIB, MPARAMS, SIZE, THREADS, machine_threads
 
 
@@ -25,7 +26,7 @@ def cmd_bench(a) -> int:
         kinds = tuple(k.strip() for k in a.kinds.split(","))
         if not set(kinds) <= set(KIND_FLAGS) or min(depths + widths) < 1:
             raise InputError(f"--kinds must be from {list(KIND_FLAGS)} and depths/widths positive")
-        res = run_export_scaling(depths, widths, kinds, validate=a.validate)
+        res = run_export_scaling(depths, widths, kinds, validate=a.validate, log=say)
         write_scaling(res, Path(a.out))
         print(scaling_table(res))
         if a.update_readme:
@@ -49,7 +50,7 @@ def cmd_bench(a) -> int:
             raise InputError(f"--memory-shape takes n_blocks,d_model,vocab, got {a.memory_shape!r}") from None
         shard = None if a.shard_mb is None else int(a.shard_mb * 2**20)
         res = run_export_memory(memory_config(nb, d, vocab), variants, a.memory_work, max_shard_size=shard,
-                                min_available_mib=a.min_available_mib or MIN_AVAILABLE_MIB)
+                                min_available_mib=a.min_available_mib or MIN_AVAILABLE_MIB, log=say)
         write_memory(res, Path(a.out), a.memory_name)
         print(memory_table(res))
         if a.update_readme:
@@ -66,7 +67,7 @@ def cmd_bench(a) -> int:
             raise InputError(f"--depth-sweep takes comma-separated block counts, got {a.depth_sweep!r}") from None
         if min(depths) < 1:
             raise InputError("--depth-sweep: block counts must be positive")
-        res = run_depth_sweep(depths, threads=a.threads, repeats=a.repeats or 3)
+        res = run_depth_sweep(depths, threads=a.threads, repeats=a.repeats or 3, log=say)
         write_depth_sweep(res, Path(a.out), Path(a.update_readme) if a.update_readme else None)
         print(depth_table(res))
         return 0
@@ -75,7 +76,7 @@ def cmd_bench(a) -> int:
         from .mixer import run_mixer_bench
 
         small = dict(sources=(3,), widths=(64,), tokens=(64,), repeats=2) if a.quick else {}
-        res = run_mixer_bench(threads=a.threads, **small)
+        res = run_mixer_bench(threads=a.threads, log=say, **small)
         Path(a.out).mkdir(parents=True, exist_ok=True)
         atomic_write_text(Path(a.out) / "mixer.json", json.dumps(res, indent=1) + "\n")
         print(f"copy bandwidth {res['copy_bandwidth_gbs']} GB/s; wrote {Path(a.out) / 'mixer.json'}")
@@ -84,7 +85,7 @@ def cmd_bench(a) -> int:
     s.threads, s.repeats = a.threads, a.repeats or s.repeats
     s.compile = s.compile and not a.no_compile
     s.export_probe_params = int(a.export_probe * 1e6)
-    result = run_bench(s)
+    result = run_bench(s, log=say)
     out = Path(a.out)
     write_results(result, out)
     print(markdown_table(result))

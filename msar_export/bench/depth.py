@@ -33,7 +33,8 @@ def mac_model(cfg: MSARConfig, T: int) -> dict:
 
 
 def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int = 512, threads: int = 2,
-                    repeats: int = 3, log=print) -> dict:
+                    repeats: int = 3, log=None) -> dict:
+    log = log or (lambda msg: None)  # the CLI passes its progress line; the library is silent
     from ..export import ExportOptions, export_model
     from ..runtime import OrtModel
     from .models import native_available, random_model

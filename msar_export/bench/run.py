@@ -183,7 +183,8 @@ def export_probe(n_params: int, workdir: Path, log) -> dict:
             "returncode": r["returncode"]}
 
 
-def run_bench(settings: BenchSettings, log=print) -> dict:
+def run_bench(settings: BenchSettings, log=None) -> dict:
+    log = log or (lambda msg: None)  # the CLI passes its progress line; the library is silent
     torch.set_num_threads(settings.threads)
     result = {"machine": machine_description(settings.threads), "settings": asdict(settings), "prefill": [],
               "decode": [], "exports": {}, "memory": {}, "skipped": {}}

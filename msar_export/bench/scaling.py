@@ -35,7 +35,8 @@ def _reported(stdout: str, key: str, unit: str) -> float:
 
 
 def run_export_scaling(depths=(4, 8, 16, 24, 48), widths=(128,), kinds=tuple(KIND_FLAGS), validate: bool = False,
-                       log=print) -> dict:
+                       log=None) -> dict:
+    log = log or (lambda msg: None)  # the CLI passes its progress line; the library is silent
     rows = []
     with tempfile.TemporaryDirectory(prefix="msar-scaling-") as tmp:
         work = Path(tmp)

@@ -17,21 +17,19 @@ class Timing:
     iqr_s: float
     repeats: int
 
+    @classmethod
+    def of(cls, samples: list[float]) -> Timing:
+        """Median, extremes and interquartile range (statistics.quantiles) of samples in seconds."""
+        ts = sorted(samples)
+        q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
+        return cls(statistics.median(ts), ts[0], ts[-1], q[2] - q[0], len(ts))
+
     def as_dict(self) -> dict:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
 def time_fn(fn, warmup: int = 1, repeats: int = 5) -> Timing:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
-    return Timing(statistics.median(ts), ts[0], ts[-1], q[2] - q[0], repeats)
+    return Timing.of(interleaved_samples({"fn": fn}, warmup, repeats)["fn"])
 
 
 def interleaved_samples(fns: dict, warmup: int = 1, repeats: int = 5, clock=time.perf_counter) -> dict[str, list[float]]:
@@ -51,12 +49,7 @@ def interleaved_samples(fns: dict, warmup: int = 1, repeats: int = 5, clock=time
 
 def interleaved(fns: dict, warmup: int = 1, repeats: int = 5) -> dict[str, Timing]:
     """Time several functions round-robin, so machine noise hits all alike."""
-    out = {}
-    for k, ts in interleaved_samples(fns, warmup, repeats).items():
-        ts.sort()
-        q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
-        out[k] = Timing(statistics.median(ts), ts[0], ts[-1], q[2] - q[0], repeats)
-    return out
+    return {k: Timing.of(ts) for k, ts in interleaved_samples(fns, warmup, repeats).items()}
 
 
 def machine_description(threads: int) -> dict:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 from ..numbers import POSITIVE, SEED
 from ..verdict import MULTIPLE
-from ..cli_common import add_dtype, add_ort_ops, add_plugins, add_shapes, add_trust_pickle
+from ..cli_common import add_dtype, add_ort_ops, add_plugins, add_shapes, add_trust_pickle, say
 
 EPILOG = f"""\
 Exit status: 0 every backend within tolerance, 1 a mismatch (the report names the
@@ -58,8 +56,7 @@ def cmd_check(a) -> int:
                         seed=a.seed, tensorrt=not a.no_trt, trust_pickle=a.trust_pickle, verbose=a.verbose,
                         ort_ops=("native", "function") if a.ort_ops == "both" else (a.ort_ops,))
     # stderr: progress (and --verbose's Polygraphy log); stdout: the report alone.
-    result = check_parity(a.checkpoint, a.onnx, opts,
-                          progress=lambda msg: print(f"msar-export check: {msg}", file=sys.stderr, flush=True))
+    result = check_parity(a.checkpoint, a.onnx, opts, progress=say)
     print_report(result, console_for(), write_report(result, a.report, inputs) if a.report else None)
     if a.report:
         print(f"report: {a.report}/ (parity.json, parity.png, summary.txt, inputs.json, golden.json)")

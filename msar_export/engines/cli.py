@@ -4,7 +4,7 @@ Registered through msar_export.cli.REGISTRARS; imports nothing heavy here."""
 
 from __future__ import annotations
 
-from ..cli_common import add_dtype, add_plugins
+from ..cli_common import add_dtype, add_plugins, say
 from ..numbers import GIB
 from .backends import BACKENDS, TENSORRT
 
@@ -26,7 +26,7 @@ def cmd_build(a) -> int:
     # The list options, parsed once into the typed values the builder takes.
     report = build_engine(a.onnx, a.output, dtype=a.dtype, shapes=parse_profile(a.profile), plugin_libs=a.plugins,
                           timing_cache=a.timing_cache, workspace_gb=a.workspace_gb, verbose=a.verbose,
-                          progress=lambda msg: print(msg, flush=True), backend=BACKENDS[a.backend],
+                          progress=say, backend=BACKENDS[a.backend],
                           compute_capabilities=parse_compute_capabilities(a.compute_capability), tf32=a.tf32)
     print(report.summary())
     return 0

@@ -22,8 +22,8 @@ caches; logits, then their next values in the same order - is GraphSpec's
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -136,8 +136,9 @@ def resolve_ort_ops(ort_ops: str | None = None) -> Path | None:
                         "builds it (needs cmake, ninja, g++ and the ONNX Runtime headers it fetches)")
     if lib is None and not _told_missing:
         _told_missing = True
-        print(f"msar-export: native msar kernels not built ({NATIVE_LIBRARY}; scripts/setup_env.sh builds them): "
-              "ONNX Runtime runs the msar function bodies", file=sys.stderr)
+        logging.getLogger(__name__).warning(
+            f"native msar kernels not built ({NATIVE_LIBRARY}; scripts/setup_env.sh builds them): "
+            "ONNX Runtime runs the msar function bodies")
     return lib
 
 

@@ -169,9 +169,7 @@ def cmd_serve(a) -> int:
                                        batching=not a.no_batching, instances=a.instances, threads=a.threads,
                                        queue_delay_us=a.queue_delay_us)
     say(f"model repository {repo} ({'written' if rebuilt else 'unchanged, reused'}; configs validated)")
-    from ..graph_file import ExportedGraph
-
-    cfg = ExportedGraph.open(prefill or decode).config
+    cfg = (prefill or decode).config  # the graph resolve_sources opened, its config parsed by the writer
     # The largest input a request may carry: input_ids of max_batch rows of max_seq_len tokens.
     server = TritonServer(repo, a.port_http, a.port_grpc, log_path=workdir / "tritonserver.log", verbose=a.verbose,
                           max_elements=a.max_batch * cfg.max_seq_len)
@@ -232,7 +230,8 @@ def cmd_loadtest(a) -> int:
         check_loopback(u)
     prefill = decode = None
     if a.compare_batching:
-        prefill, decode, wd = resolve_sources(a.compare_batching, Path(a.workdir) if a.workdir else None)
+        *opened, wd = resolve_sources(a.compare_batching, Path(a.workdir) if a.workdir else None)
+        prefill, decode = (str(g.path) if g else None for g in opened)  # the load-test job names files
         a.workdir = str(wd.resolve())   # exports (for a checkpoint) and the two repositories go here
         if decode is None and "generate" in settings.models:
             raise InputError("--compare-batching: the generate model needs a decode graph (give a checkpoint or "

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..cli_common import say
 from ..errors import InputError, MsarError
 from ..untrusted import loads_json
+
+if TYPE_CHECKING:
+    from ..graph_file import ExportedGraph
 
 
 def exporter_fingerprint() -> str:
@@ -31,28 +35,31 @@ def is_checkpoint(p: Path) -> bool:
 
 
 def resolve_sources(srcs: list[str], workdir: Path | None, trust_pickle: bool = False,
-                    progress=say) -> tuple[str | None, str | None, Path]:
-    """CKPT -> (prefill, decode) exported into workdir (cached); ONNX files -> classified."""
+                    progress=say) -> tuple[ExportedGraph | None, ExportedGraph | None, Path]:
+    """CKPT -> (prefill, decode) exported into workdir (cached); ONNX files -> classified. Each
+    graph is opened here, once, and handed on (the repository writer and `serve` read it)."""
+    from ..graph_file import ExportedGraph
+
     paths = [Path(s) for s in srcs]
     if len(paths) == 1 and is_checkpoint(paths[0]):
         ckpt = paths[0]
         workdir = workdir or Path("runs") / "serve" / (ckpt.resolve().name or "model")
-        return (*export_for_serving(ckpt, workdir, trust_pickle, progress), workdir)
+        prefill, decode = export_for_serving(ckpt, workdir, trust_pickle, progress)
+        return ExportedGraph.open(prefill), ExportedGraph.open(decode), workdir
     if len(paths) > 2 or any(p.is_dir() for p in paths):
         raise InputError("give one checkpoint directory, or one or two ONNX files (prefill and/or decode graph)")
-    from ..graph_file import ExportedGraph
-
     prefill = decode = None
     for p in paths:
-        if ExportedGraph.open(p).kind == "decode":
+        graph = ExportedGraph.open(p)
+        if graph.kind == "decode":
             if decode:
-                raise InputError(f"two decode graphs given ({decode}, {p}); give at most one of each kind")
-            decode = str(p)
+                raise InputError(f"two decode graphs given ({decode.path}, {p}); give at most one of each kind")
+            decode = graph
         else:
             if prefill:
-                raise InputError(f"two prefill graphs given ({prefill}, {p}); give at most one of each kind")
-            prefill = str(p)
-    workdir = workdir or Path("runs") / "serve" / Path(decode or prefill).stem
+                raise InputError(f"two prefill graphs given ({prefill.path}, {p}); give at most one of each kind")
+            prefill = graph
+    workdir = workdir or Path("runs") / "serve" / (decode or prefill).path.stem
     return prefill, decode, workdir
 
 

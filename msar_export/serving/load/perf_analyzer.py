@@ -169,8 +169,10 @@ def http_url_of(urls: list[str]) -> str:
                      "the front's counters are read there")
 
 
-def compare(urls: list[str], s, p: PerfSettings, prefill=None, decode=None, say=print) -> dict:
-    """perf_analyzer and our load test at each concurrency level, per protocol and model."""
+def compare(urls: list[str], s, p: PerfSettings, prefill=None, decode=None, say=None) -> dict:
+    """perf_analyzer and our load test at each concurrency level, per protocol and model; each row
+    to `say` as it is measured."""
+    say = say or (lambda msg: None)
     from .loadtest import make_pool, run_load
 
     http_url = http_url_of(urls)

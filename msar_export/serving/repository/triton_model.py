@@ -51,9 +51,10 @@ class RequestError(ValueError):
 class MsarOnnx:
     """One ONNX Runtime session over a prefill or decode graph (no Triton here)."""
 
-    def __init__(self, path: str, threads: int = 1):
+    def __init__(self, path: str, threads: int | None = None):
         # Several stub processes share few cores: CPU only, no busy-waiting threads.
-        self.graph = OrtGraph(path, providers=["cpu"], threads=max(1, int(threads)), spinning=False, label=path)
+        threads = THREADS["serving"] if threads is None else max(1, int(threads))
+        self.graph = OrtGraph(path, providers=["cpu"], threads=threads, spinning=False, label=path)
         self.session = self.graph.session
         meta = self.session.get_modelmeta().custom_metadata_map
         if "msar.config" not in meta:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ...errors import EngineError, InputError, MsarError, OnnxModelError, OutputError, first_line
 from ...fileio import atomic_dir, check_input_file, check_output_dir, file_sha256
+from ...graph_file import ExportedGraph
 from ...graph_spec import INPUT_IDS, LOGITS
 from ...untrusted import contained, loads_json
 from .modelconfig import Enum, GraphIO, io_entry, parameters, read_onnx_io, render, validate_repository
@@ -319,16 +320,15 @@ def _key(prefill: Path | None, decode: Path | None, configs: dict[str, str], lib
     return h.hexdigest()
 
 
-def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathLike | None,
+def build_serving_repo(prefill: ExportedGraph | str | os.PathLike | None,
+                       decode: ExportedGraph | str | os.PathLike | None,
                        out: str | os.PathLike, max_batch: int = 16, batching: bool = True, instances: int = 1,
                        threads: int | None = None, queue_delay_us: int = 2000, merge_tokens: int = 8,
                        max_new_tokens_limit: int = 256, validate: bool = True,
                        force: bool = False) -> tuple[Path, bool]:
     """Write (or reuse, when identical and intact) the serving repository; return (path, rebuilt)."""
     out = Path(out).resolve()
-    prefill = Path(prefill) if prefill else None
-    decode = Path(decode) if decode else None
-    if prefill is None and decode is None:
+    if not prefill and not decode:
         raise InputError("nothing to serve: give a checkpoint, a prefill graph or a decode graph")
     if threads is None:
         from ...runners.ort_runner import THREADS
@@ -336,8 +336,10 @@ def build_serving_repo(prefill: str | os.PathLike | None, decode: str | os.PathL
         threads = THREADS["serving"]
     if max_batch < 1 or instances < 1 or threads < 1:
         raise InputError("--max-batch, --instances and --threads must be >= 1")
-    prefill_io = read_onnx_io(prefill) if prefill else None
+    prefill_io = read_onnx_io(prefill) if prefill else None  # an ExportedGraph handed in is not read again
     decode_io = read_onnx_io(decode) if decode else None
+    prefill = prefill_io.graph.path if prefill_io else None
+    decode = decode_io.graph.path if decode_io else None
     for path, io, want in ((prefill, prefill_io, "prefill"), (decode, decode_io, "decode")):
         if io is None:
             continue
