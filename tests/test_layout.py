@@ -191,8 +191,6 @@ def test_no_path_reaches_outside_the_package():
 PRINTS_ALLOWED = {
     "msar_export.serving.load.job": "the load-test process: its reports are its output, relayed by the parent",
     "msar_export.serving.repository.triton_model": "runs inside tritonserver: its stdout is the server log",
-    # m26b edits bench/memory.py at the same time: its `log=print` default becomes `log=None` at the merge.
-    "msar_export.bench.memory": "run_export_memory's log=print default (the CLI passes say)",
 }
 
 

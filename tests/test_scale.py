@@ -54,13 +54,15 @@ def _faulty(ckpt, source: int):
 
 def _fault_file(path, out, source: int):
     """A copy of an exported file with source `source`'s kernel-3 taps 2% too large
-    (the packed FusedMixer bank, or the per-source conv weight of a decode graph)."""
+    (the packed FusedMixer bank, or the decode graph's per-source SourceViews taps: the same rows)."""
+    from msar_export.export.custom_paths import conv_taps_name
+
     model = ir.load(path)
     inits = model.graph.initializers
     if "conv_bank" in inits:  # (L+1, K, d); kernel 3 is taps 0..2
         name, rows = "conv_bank", (source, slice(0, 3), slice(None))
     else:
-        name, rows = f"model.sources.{source}.conv.1.weight", (slice(None),)
+        name, rows = conv_taps_name(source), (slice(0, 3), slice(None))
     value = inits[name].const_value.numpy().copy()
     value[rows] *= 1.02
     inits[name].const_value = ir.Tensor(value, name=name)

@@ -116,10 +116,11 @@ def _mib(paths) -> float:
     return sum(p.stat().st_size for p in paths) / 2**20
 
 
-def run_export_memory(cfg: MSARConfig, variants=VARIANTS, work: Path | None = None, log=print,
+def run_export_memory(cfg: MSARConfig, variants=VARIANTS, work: Path | None = None, log=None,
                       max_shard_size: int | None = None, min_available_mib: float | None = MIN_AVAILABLE_MIB) -> dict:
     """max_shard_size: write the checkpoint in shards of at most this many bytes.  Whatever
     it made is removed, also when a run fails, is killed or the bench is interrupted."""
+    log = log or (lambda msg: None)  # the CLI passes its progress line; the library is silent
     rows = []
     plan_disk(cfg, work)
     base = baseline_mb()
