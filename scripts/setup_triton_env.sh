@@ -13,6 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 CHECK="import pytriton, tritonclient.grpc, tritonclient.http, onnxruntime, onnx, torch, msar_export.serving.cli"
+# One setup at a time (two test workers, or two shells, may ask at once): the second waits, then
+# finds the venv ready.
+mkdir -p .venv-triton
+exec 9>.venv-triton/.setup.lock
+flock 9
 if [ ! -x .venv-triton/bin/python ]; then
     "$PY" -m venv .venv-triton
 fi

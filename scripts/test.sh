@@ -16,13 +16,16 @@ if [ "${1:-}" = "--all" ]; then
     shift
 fi
 pytest=(.venv/bin/python -m pytest -q -rs -p no:cacheprovider --durations=25)  # -rs: each skip with its reason
-workers=(-n "${MSAR_TEST_WORKERS:-2}" --dist loadgroup)
+# loadfile: a test module runs on one worker, so its module fixtures (a build folder, the nvcc
+# compile check) are made once.  (loadgroup's xdist_group marks do nothing with pytest 9.2 and
+# pytest-xdist 3.8.0: xdist renames nodes through an attribute pytest 9 no longer reads.)
+workers=(-n "${MSAR_TEST_WORKERS:-2}" --dist loadfile)
 if [ "$#" -gt 0 ]; then
     # The caller's selection (a later -m replaces the tier), in the workers.
     exec "${pytest[@]}" "${workers[@]}" -m "${tier% and }" "$@" tests
 fi
-# Two pytest-xdist workers on this project's 2-core machines (most tests keep one core busy; the
-# grouping is in tests/conftest.py), then the `serial` tests (speed ratios) alone.
+# Two pytest-xdist workers on this project's 2-core machines (most tests keep one core busy),
+# then the `serial` tests (speed ratios) alone.
 rc=0
 "${pytest[@]}" "${workers[@]}" -m "${tier}not serial" tests || rc=$?
 "${pytest[@]}" -m "${tier}serial" tests || rc=$((rc ? rc : $?))

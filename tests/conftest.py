@@ -85,13 +85,3 @@ def load_cfg(path: Path) -> dict:
 from compare_fixtures import faithful, faithful_decode  # noqa: E402,F401
 from serving_fixtures import graphs, refs, served, triton  # noqa: E402,F401
 
-
-# Where the default tier runs in two pytest-xdist workers (scripts/test.sh, `--dist loadgroup`), a
-# test module runs on one worker, so its module fixtures (a build folder, a compile check) are made
-# once; every test that needs the shared Triton server runs on one worker, so the server and
-# .venv-triton are made once.  `serial` tests (speed ratios) run after the workers, alone.
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "triton" if "triton" in getattr(item, "fixturenames", ()) else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))

@@ -132,7 +132,7 @@ class TritonInstall:
                 raise BackendUnavailable(f"{s}: missing from the nvidia-pytriton install; {SETUP_HINT}")
             if not d.is_file() or d.stat().st_size != s.stat().st_size:
                 py.mkdir(parents=True, exist_ok=True)
-                tmp = d.with_name(d.name + ".tmp")
+                tmp = d.with_name(f"{d.name}.{os.getpid()}.tmp")  # two servers starting at once each copy
                 shutil.copy2(s, tmp)
                 os.replace(tmp, d)
         return root
