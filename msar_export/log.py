@@ -51,3 +51,7 @@ def setup(command: str | None = None, verbose: bool = False) -> None:
 def say(msg: str) -> None:
     """A progress line from a command (its `progress` callable): INFO on the package's log."""
     _log.info(msg)
+
+
+def silent(msg: str) -> None:
+    """The `progress` of a caller that gave none: library functions run quietly by default."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .log import silent
 from .checkpoint import save_checkpoint
 from .config import MSARConfig
 from .fileio import atomic_path, atomic_write_text
@@ -176,7 +177,7 @@ def train_all(out_dir: Path, kinds=("msar", "standard", "attnres"), cfg: MSARCon
     from rich.progress import Progress
 
     s = settings or TrainSettings()
-    progress = progress or (lambda msg: None)
+    progress = progress or silent
     out_dir = Path(out_dir)
     histories = {}
     with Progress(transient=True, console=Console(stderr=True)) as prog:  # a bar on a terminal only

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..log import silent
 from ..config import MSARConfig
 from ..fileio import atomic_write_text
 from .report import replace_block
@@ -34,7 +35,7 @@ def mac_model(cfg: MSARConfig, T: int) -> dict:
 
 def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int = 512, threads: int = 2,
                     repeats: int = 3, log=None) -> dict:
-    log = log or (lambda msg: None)  # the CLI passes its progress line; the library is silent
+    log = log or silent
     from ..export import ExportOptions, export_model
     from ..runtime import OrtModel
     from .models import native_available, random_model

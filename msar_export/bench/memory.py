@@ -13,10 +13,11 @@ import signal
 import tempfile
 from pathlib import Path
 
+from ..log import silent
 from ..config import MSARConfig
 from ..errors import InputError
 from ..fileio import atomic_write_text
-from .bounds import checkpoint_bytes, largest_tensor_bytes, row_bounds, within  # noqa: F401 (re-exported)
+from .bounds import checkpoint_bytes, row_bounds, within
 from .probe import cli_probe, python_probe
 from .report import replace_block, save_png
 from .models import random_checkpoint
@@ -120,7 +121,7 @@ def run_export_memory(cfg: MSARConfig, variants=VARIANTS, work: Path | None = No
                       max_shard_size: int | None = None, min_available_mib: float | None = MIN_AVAILABLE_MIB) -> dict:
     """max_shard_size: write the checkpoint in shards of at most this many bytes.  Whatever
     it made is removed, also when a run fails, is killed or the bench is interrupted."""
-    log = log or (lambda msg: None)  # the CLI passes its progress line; the library is silent
+    log = log or silent
     rows = []
     plan_disk(cfg, work)
     base = baseline_mb()

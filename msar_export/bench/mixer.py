@@ -9,6 +9,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
+from ..log import silent
 from ..contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE
 from ..export.custom_paths import pack_conv_rows
 from ..export.functions import (depth_retrieval_function, fused_mixer_function, ir_attributes, source_views_function,
@@ -69,7 +70,7 @@ def stream_gate_model(m: int, d: int, opset: int = 18, dtype=ir.DataType.FLOAT) 
 
 def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), threads: int = 2,
                     repeats: int = 5, log=None) -> dict:
-    log = log or (lambda msg: None)  # the CLI passes its progress line; the library is silent
+    log = log or silent
     from ..runners.ort_runner import native_library, open_session
 
     torch.set_num_threads(threads)

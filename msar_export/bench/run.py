@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..log import silent
 from ..checkpoint import save_checkpoint
 from ..config import MSARConfig
 from ..fileio import atomic_write_text
@@ -184,7 +185,7 @@ def export_probe(n_params: int, workdir: Path, log) -> dict:
 
 
 def run_bench(settings: BenchSettings, log=None) -> dict:
-    log = log or (lambda msg: None)  # the CLI passes its progress line; the library is silent
+    log = log or silent
     torch.set_num_threads(settings.threads)
     result = {"machine": machine_description(settings.threads), "settings": asdict(settings), "prefill": [],
               "decode": [], "exports": {}, "memory": {}, "skipped": {}}

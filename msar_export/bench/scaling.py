@@ -9,6 +9,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from ..log import silent
 from ..checkpoint import save_checkpoint
 from ..config import MSARConfig
 from ..fileio import atomic_write_text
@@ -36,7 +37,7 @@ def _reported(stdout: str, key: str, unit: str) -> float:
 
 def run_export_scaling(depths=(4, 8, 16, 24, 48), widths=(128,), kinds=tuple(KIND_FLAGS), validate: bool = False,
                        log=None) -> dict:
-    log = log or (lambda msg: None)  # the CLI passes its progress line; the library is silent
+    log = log or silent
     rows = []
     with tempfile.TemporaryDirectory(prefix="msar-scaling-") as tmp:
         work = Path(tmp)

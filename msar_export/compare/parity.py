@@ -17,6 +17,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from ..log import silent
 from ..verdict import discrepancy, within
 from .preflight import CheckPlan, plan_check
 from .result import REFERENCE, BackendResult, LayerResult, ParityResult, max_elementwise_rel, reference_scales, to_f64
@@ -116,7 +117,7 @@ def check_parity(checkpoint: str | os.PathLike, onnx: str | os.PathLike, opts: C
     import dataclasses
 
     o = dataclasses.replace(opts or CheckOptions(), **overrides)
-    say = progress or (lambda msg: None)
+    say = progress or silent
     plan = plan_check(checkpoint, onnx, o)
     ref_iters, eager = eager_runs(plan, say, o.verbose)
 

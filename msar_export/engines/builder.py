@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..log import silent
 from ..errors import InputError, OnnxModelError
 from ..fileio import check_input_file, check_outputs
 from ..graph_file import ExportedGraph
@@ -90,7 +91,7 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
     its whole log); nothing is printed here.
     tf32: allow TF32 for float32 matmuls (off by default; recorded in the metadata).
     """
-    say = progress or (lambda msg: None)
+    say = progress or silent
     t0 = time.perf_counter()
     onnx_path, out_plan = Path(onnx_path), Path(out_plan)
     backend = get_backend(backend)

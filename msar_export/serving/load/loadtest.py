@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...log import silent
 from ...errors import InputError
 from ..triton.client import InferError, ServingClient, parse_url
 from .references import References
@@ -148,7 +149,7 @@ def run_load(url: str, s: LoadSettings, prefill: str | None = None, decode: str 
     """Run the load test against a live server; return the report (a JSON-able dict)."""
     s.check()
     check_loopback(url)
-    say = progress or (lambda msg: None)
+    say = progress or silent
     main = ServingClient(url)
     deadline = time.monotonic() + 60
     while not main.ready():
@@ -345,7 +346,7 @@ def compare_batching(prefill: str | None, decode: str | None, s: LoadSettings, c
     from ..repository.writer import build_serving_repo
     from ..triton.server import TritonServer, free_port
 
-    say = progress or (lambda msg: None)
+    say = progress or silent
     results = {}
     for mode, batching in (("dynamic_batching", True), ("batch1", False)):
         repo, _ = build_serving_repo(prefill, decode, Path(c.workdir) / f"repo-{mode}", max_batch=c.max_batch,

@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ...log import silent
 from ...errors import BackendUnavailable, InputError
 from ..triton.server import ServerError
 from ..triton.env import SETUP_HINT, triton_venv
@@ -172,7 +173,7 @@ def http_url_of(urls: list[str]) -> str:
 def compare(urls: list[str], s, p: PerfSettings, prefill=None, decode=None, say=None) -> dict:
     """perf_analyzer and our load test at each concurrency level, per protocol and model; each row
     to `say` as it is measured."""
-    say = say or (lambda msg: None)
+    say = say or silent
     from .loadtest import make_pool, run_load
 
     http_url = http_url_of(urls)
