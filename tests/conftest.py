@@ -84,4 +84,3 @@ def load_cfg(path: Path) -> dict:
 # name gets a copy of its own (one more export, one more Triton server per module that uses it).
 from compare_fixtures import faithful, faithful_decode  # noqa: E402,F401
 from serving_fixtures import graphs, refs, served, triton  # noqa: E402,F401
-

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from conftest import make_checkpoint
 from msar_export.export import ExportOptions, export_checkpoint
 from msar_export.serving.repository.pbtxt_check import SCHEMA, check_config
