@@ -97,12 +97,17 @@ COMMON_ATTRS = (
          kernel=False),
 )
 
+STREAM_KERNELS = Attr("stream_kernels", "INTS", None, "kernel size per stream, first is 1 (identity)",
+                      config="stream_kernels", count="n_streams")
 EPS = Attr("eps", "FLOAT", 1e-6, "mixer_eps of the parameter-free key RMSNorm", config="mixer_eps")
 GATE_PORTS = (  # the scalar stream gate's parameters (MSAR_SPEC 1.3): FusedMixer and StreamGate
     Port("gate_weight", "[m, m*d]", "T", "fusion projection W_l in nn.Linear layout"),
     Port("gate_bias", "[m]", "T", "fusion bias b_l"),
     Port("gate_scale", "[]", "T", "fusion scalar a_l"),
 )
+
+SOURCES = Port("sources", "[B, T, d]", "T", "x_0 .. x_{n-1}, n >= 1 (variadic)", variadic=True)
+MIXER_OUTPUT = Port("h", "[B, T, d]", "T", "the mixer output h_l")
 
 FUSED_MIXER = OpContract(
     name="FusedMixer",
@@ -119,12 +124,11 @@ FUSED_MIXER = OpContract(
              "conv_weight[i, o_r + j, c] is tap j of stream r (r = 1..m-1) for channel c of source i, "
              "o_r = sum(stream_kernels[1:r]), in Conv1d order (tap j multiplies token t-(k_r-1-j)); "
              "K = sum(stream_kernels[1:])"),
-        Port("sources", "[B, T, d]", "T", "x_0 .. x_{n-1}, n >= 1 (variadic)", variadic=True),
+        SOURCES,
     ),
-    outputs=(Port("h", "[B, T, d]", "T", "the mixer output h_l"),),
+    outputs=(MIXER_OUTPUT,),
     attributes=(
-        Attr("stream_kernels", "INTS", None, "kernel size per stream, first is 1 (identity)", config="stream_kernels",
-             count="n_streams"),
+        STREAM_KERNELS,
         EPS,
     ) + COMMON_ATTRS,
 )
@@ -161,10 +165,7 @@ SOURCE_VIEWS = OpContract(
     ),
     outputs=(Port("views", "[B, T, m, d]", "T",
                   "views[:, :, 0] = the source's tokens, views[:, :, r] = stream r's convolution"),),
-    attributes=(
-        Attr("stream_kernels", "INTS", None, "kernel size per stream, first is 1 (identity)", config="stream_kernels",
-             count="n_streams"),
-    ),
+    attributes=(STREAM_KERNELS,),
     plugin=False,
 )
 
@@ -179,12 +180,53 @@ STREAM_GATE = OpContract(
         *GATE_PORTS,
         Port("z", "[B, T, m, d]", "T", "retrieved stream vectors z^(0..m-1) (DepthRetrieval's output)"),
     ),
-    outputs=(Port("h", "[B, T, d]", "T", "the mixer output h_l"),),
+    outputs=(MIXER_OUTPUT,),
     attributes=(),
     plugin=False,
 )
 
-CONTRACTS = {c.name: c for c in (FUSED_MIXER, DEPTH_RETRIEVAL, SOURCE_VIEWS, STREAM_GATE)}
+SOURCE_SCORES = OpContract(
+    name="SourceScores",
+    doc=(
+        "Source i's retrieval scores for every later mixer (MSAR_SPEC 1.2), made once per source "
+        "(`--mixer-op scored`): its m views (MSAR_SPEC 1.1, zeros before the sequence start), each "
+        "RMS-normalised, dotted with the pseudo-query of each of the P mixers that read the source. "
+        "Float32 inside and out (the spec's scores are float32 whatever the storage type)."
+    ),
+    inputs=(
+        Port("conv_weight", "[K, d]", "T", "this source's taps, as SourceViews' conv_weight"),
+        Port("queries", "[P, m, d]", "T",
+             "queries[p] = the pseudo-queries of mixer i+1+p (the mixers after source i, in order)"),
+        Port("source", "[B, T, d]", "T", "x_i"),
+    ),
+    outputs=(Port("scores", "[P, B, T, m]", "float32",
+                  "scores[p, b, t, r] = q_{i+1+p}^(r) . RMSNorm(x_i^(r))[b, t]"),),
+    attributes=(STREAM_KERNELS, EPS),
+    plugin=False,
+)
+
+SCORED_MIXER = OpContract(
+    name="ScoredMixer",
+    doc=(
+        "Mixer l from the raw sources and their scores (SourceScores): per stream the softmax over "
+        "the sources of the given scores, the causal depthwise conv views recomputed on the fly, "
+        "their weighted sum, the sigmoid scalar gate per stream and the sum of gated streams. "
+        "FusedMixer without its scoring pass (`--mixer-op scored`). Float32 inside."
+    ),
+    inputs=(
+        *GATE_PORTS,
+        Port("conv_weight", "[N, K, d]", "T", "taps of every source, N >= n, as FusedMixer's conv_weight"),
+        Port("scores", "[n, B, T, m]", "float32",
+             "scores[i] = s_{i,l}: row l-1-i of source i's SourceScores output"),
+        SOURCES,
+    ),
+    outputs=(MIXER_OUTPUT,),
+    attributes=(STREAM_KERNELS,),
+    plugin=False,
+)
+
+CONTRACTS = {c.name: c for c in (FUSED_MIXER, DEPTH_RETRIEVAL, SOURCE_VIEWS, STREAM_GATE, SOURCE_SCORES,
+                                 SCORED_MIXER)}
 PLUGIN_CONTRACTS = {name: c for name, c in CONTRACTS.items() if c.plugin}
 
 

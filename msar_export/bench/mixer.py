@@ -10,10 +10,11 @@ import onnx_ir as ir
 import torch
 
 from ..log import silent
-from ..contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE
+from ..contracts import (DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES, SOURCE_VIEWS,
+                         STREAM_GATE)
 from ..export.custom_paths import pack_conv_rows
-from ..export.functions import (depth_retrieval_function, fused_mixer_function, ir_attributes, source_views_function,
-                                stream_gate_function)
+from ..export.functions import (depth_retrieval_function, fused_mixer_function, ir_attributes, scored_mixer_function,
+                                source_scores_function, source_views_function, stream_gate_function)
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
 from ..verdict import rel_err
@@ -22,14 +23,20 @@ from .timing import copy_bandwidth_gbs, interleaved
 KERNELS = (1, 4, 8, 12)
 
 
-def _one_node_model(contract, n: int, fixed: dict, variadic: list, values: dict, function, dtype, opset: int) -> ir.Model:
+def _one_node_model(contract, n: int, fixed: dict, variadic: list, values: dict, function, dtype, opset: int,
+                    out_shape: list | None = None) -> ir.Model:
+    """One `contract` node: `fixed` inputs by name and shape, n variadic inputs x0.. of shape `variadic`;
+    ports the contract types float32 are float32, the rest `dtype`; the output's shape is
+    `out_shape` (default: `variadic`)."""
+    port_type = {p.name: ir.TensorType(ir.DataType.FLOAT if p.dtype == "float32" else dtype)
+                 for p in contract.inputs + contract.outputs}
     t = ir.TensorType(dtype)
-    inputs = [ir.Value(name=k, type=t, shape=ir.Shape(s)) for k, s in fixed.items()]
+    inputs = [ir.Value(name=k, type=port_type[k], shape=ir.Shape(s)) for k, s in fixed.items()]
     inputs += [ir.Value(name=f"x{i}", type=t, shape=ir.Shape(variadic)) for i in range(n)]
     node = ir.Node(DOMAIN, contract.name, inputs, overload=contract.overload(n),
                    attributes=ir_attributes(contract, values))
-    out = node.outputs[0]
-    out.name, out.type, out.shape = contract.outputs[0].name, t, ir.Shape(variadic)
+    out, port = node.outputs[0], contract.outputs[0]
+    out.name, out.type, out.shape = port.name, port_type[port.name], ir.Shape(out_shape or variadic)
     graph = ir.Graph(inputs, node.outputs, nodes=[node], opset_imports={"": opset, DOMAIN: DOMAIN_VERSION})
     return ir.Model(graph, ir_version=10, functions=[function])
 
@@ -66,6 +73,27 @@ def stream_gate_model(m: int, d: int, opset: int = 18, dtype=ir.DataType.FLOAT) 
     """A graph of one msar::StreamGate node (inputs gate_weight, gate_bias, gate_scale, z; output h)."""
     fixed = {"gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [], "z": ["B", "T", m, d]}
     return _one_node_model(STREAM_GATE, 0, fixed, ["B", "T", d], {}, stream_gate_function({}, d, m, opset), dtype, opset)
+
+
+def source_scores_model(m: int, d: int, eps: float = 1e-6, kernels=KERNELS, opset: int = 18,
+                        dtype=ir.DataType.FLOAT) -> ir.Model:
+    """A graph of one msar::SourceScores node (inputs conv_weight, queries, source; output scores, float32)."""
+    values = SOURCE_SCORES.attribute_values(stream_kernels=kernels, eps=eps)
+    fixed = {"conv_weight": [sum(kernels[1:]), d], "queries": ["P", m, d], "source": ["B", "T", d]}
+    return _one_node_model(SOURCE_SCORES, 0, fixed, None, values, source_scores_function(values, d, opset), dtype,
+                           opset, out_shape=["P", "B", "T", m])
+
+
+def scored_mixer_model(n: int, d: int, kernels=KERNELS, opset: int = 18, dtype=ir.DataType.FLOAT,
+                       conv_rows: int | None = None) -> ir.Model:
+    """A graph of one msar::ScoredMixer node over n sources (inputs gate_weight, gate_bias, gate_scale,
+    conv_weight, scores (float32), x0..x{n-1}; output h), with its function body."""
+    m, K = len(kernels), sum(kernels[1:])
+    fixed = {"gate_weight": [m, m * d], "gate_bias": [m], "gate_scale": [], "conv_weight": [conv_rows or n, K, d],
+             "scores": [n, "B", "T", m]}
+    values = SCORED_MIXER.attribute_values(stream_kernels=kernels)
+    return _one_node_model(SCORED_MIXER, n, fixed, ["B", "T", d], values, scored_mixer_function(n, values, d, opset),
+                           dtype, opset)
 
 
 def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), threads: int = 2,

@@ -3,7 +3,7 @@ ONNX Runtime runs a file that holds `msar::*` nodes unchanged.
 
 Bodies are generated per number of sources (the op is variadic, an ONNX
 function's input list is not) and registered as overloads `n{count}` of one
-function name (SourceViews and StreamGate, not variadic: one overload, `n0`).  Everything runs in float32 and is cast back to the input type.
+function name (SourceViews, StreamGate and SourceScores, not variadic: one overload, `n0`).  Everything runs in float32 and is cast back to the input type.
 
 A body has the same nodes whatever the number of sources n: the n variadic
 inputs enter one Concat and everything after it works on the stacked tensor.
@@ -18,7 +18,8 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnx_ir.tape import Tape
 
-from ..contracts import DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE, OpContract
+from ..contracts import (DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES, SOURCE_VIEWS, STREAM_GATE,
+                         OpContract)
 
 FLOAT = ir.DataType.FLOAT
 _IR_TYPES = {"INTS": ir.AttributeType.INTS, "INT": ir.AttributeType.INT, "FLOAT": ir.AttributeType.FLOAT,
@@ -98,23 +99,9 @@ def fused_mixer_function(n: int, values: dict, d: int, opset: int) -> ir.Functio
     ins = _inputs(["query", "gate_weight", "gate_bias", "gate_scale", "conv_weight"] + [f"sources_{i}" for i in range(n)])
     query_in, gw_in, gb_in, gs_in, conv_in, *sources = ins
     b = _Body()
-    stream_kernels = values["stream_kernels"]
-    m = len(stream_kernels)
-    X = b.Cast(b.Concat(*sources, axis=2), to=FLOAT)  # (B, T, n*d)
-    # conv_weight is [N, K, d] (the kernels' layout); Conv wants each channel's taps together
-    conv = b.Cast(b.Transpose(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), perm=[0, 2, 1]), to=FLOAT)  # (n, d, K)
     query = b.Cast(query_in, to=FLOAT)  # (m, d)
     eps_v = b.ref_float("eps")
-    by_source = b.ints([0, 0, n, d])  # (B, T, n*d) -> (B, T, n, d)
-    views = [b.Reshape(X, by_source)]
-    if m > 1:
-        Xt = b.Transpose(X, perm=[0, 2, 1])  # (B, n*d, T), channels first for Conv
-    offset = 0
-    for k in stream_kernels[1:]:
-        w = b.Reshape(b.Slice(conv, b.ints([offset]), b.ints([offset + k]), b.ints([2])), b.ints([n * d, 1, k]))
-        Y = b.Conv(Xt, w, group=n * d, kernel_shape=[k], pads=[k - 1, 0])  # zeros before t = 0
-        views.append(b.Reshape(b.Transpose(Y, perm=[0, 2, 1]), by_source))
-        offset += k
+    views = _stacked_views(b, sources, conv_in, n, d, values["stream_kernels"])
     zs = []
     for r, V in enumerate(views):
         q = b.Reshape(b.Slice(query, b.ints([r]), b.ints([r + 1]), b.ints([0])), b.ints([d, 1]))  # (d, 1)
@@ -122,14 +109,69 @@ def fused_mixer_function(n: int, values: dict, d: int, opset: int) -> ir.Functio
         ms = b.ReduceMean(b.Mul(V, V), b.ints([3]), keepdims=1)  # (B, T, n, 1)
         scores = b.Transpose(b.Div(qv, b.Sqrt(b.Add(ms, eps_v))), perm=[0, 1, 3, 2])  # (B, T, 1, n)
         zs.append(b.MatMul(b.Softmax(scores, axis=3), V))  # softmax over the n sources; z^(r): (B, T, 1, d)
+    out = b.CastLike(_gated_sum(b, zs, gw_in, gb_in, gs_in, d), sources[0])
+    out.name = "h"
+    return _function(FUSED_MIXER, n, ins, [out], b, values, opset)
+
+
+def _stacked_views(b: _Body, sources, conv_in, n: int, d: int, stream_kernels) -> list:
+    """The views of n sources, one (B, T, n, d) float32 tensor per stream (FusedMixer, ScoredMixer)."""
+    X = b.Cast(b.Concat(*sources, axis=2), to=FLOAT)  # (B, T, n*d)
+    # conv_weight is [N, K, d] (the kernels' layout); Conv wants each channel's taps together
+    conv = b.Cast(b.Transpose(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), perm=[0, 2, 1]), to=FLOAT)  # (n, d, K)
+    by_source = b.ints([0, 0, n, d])  # (B, T, n*d) -> (B, T, n, d)
+    views = [b.Reshape(X, by_source)]
+    if len(stream_kernels) > 1:
+        Xt = b.Transpose(X, perm=[0, 2, 1])  # (B, n*d, T), channels first for Conv
+    offset = 0
+    for k in stream_kernels[1:]:
+        w = b.Reshape(b.Slice(conv, b.ints([offset]), b.ints([offset + k]), b.ints([2])), b.ints([n * d, 1, k]))
+        Y = b.Conv(Xt, w, group=n * d, kernel_shape=[k], pads=[k - 1, 0])  # zeros before t = 0
+        views.append(b.Reshape(b.Transpose(Y, perm=[0, 2, 1]), by_source))
+        offset += k
+    return views
+
+
+def _gated_sum(b: _Body, zs: list, gw_in, gb_in, gs_in, d: int):
+    """MSAR_SPEC 1.3 over the retrieved streams zs (each (B, T, 1, d), float32) -> h (B, T, d) float32:
+    the gate logits are flat(Z) @ W^T and h = g @ Z, Z = (B, T, m, d)."""
+    m = len(zs)
     Z = zs[0] if m == 1 else b.Concat(*zs, axis=2)  # (B, T, m, d)
     flat = b.Reshape(Z, b.ints([0, 0, 1, m * d]))  # streams in order [z^(0), ..., z^(m-1)]
     logits = b.MatMul(flat, b.Transpose(b.Cast(gw_in, to=FLOAT), perm=[1, 0]))  # (B, T, 1, m)
     gates = b.Sigmoid(b.Add(b.Mul(logits, b.Cast(gs_in, to=FLOAT)), b.Cast(gb_in, to=FLOAT)))
-    h = b.Reshape(b.MatMul(gates, Z), b.ints([0, 0, d]))  # sum_r g^(r) z^(r): (B, T, d)
-    out = b.CastLike(h, sources[0])
+    return b.Reshape(b.MatMul(gates, Z), b.ints([0, 0, d]))  # sum_r g^(r) z^(r): (B, T, d)
+
+
+def scored_mixer_function(n: int, values: dict, d: int, opset: int) -> ir.Function:
+    """Body for `n` sources: FusedMixer's (the same stacked views) with the softmax taken over the given
+    scores (n, B, T, m), transposed once to (B, T, m, n) so that z^(r) = alpha^(r) @ V_r."""
+    ins = _inputs(["gate_weight", "gate_bias", "gate_scale", "conv_weight", "scores"] + [f"sources_{i}" for i in range(n)])
+    gw_in, gb_in, gs_in, conv_in, scores_in, *sources = ins
+    b = _Body()
+    alpha = b.Transpose(b.Softmax(b.Cast(scores_in, to=FLOAT), axis=0), perm=[1, 2, 3, 0])  # (B, T, m, n)
+    views = _stacked_views(b, sources, conv_in, n, d, values["stream_kernels"])
+    zs = [b.MatMul(b.Slice(alpha, b.ints([r]), b.ints([r + 1]), b.ints([2])), V) for r, V in enumerate(views)]
+    out = b.CastLike(_gated_sum(b, zs, gw_in, gb_in, gs_in, d), sources[0])
     out.name = "h"
-    return _function(FUSED_MIXER, n, ins, [out], b, values, opset)
+    return _function(SCORED_MIXER, n, ins, [out], b, values, opset)
+
+
+def source_scores_function(values: dict, d: int, opset: int) -> ir.Function:
+    """source (B, T, d) -> its views V (B, T, m, d) (one depthwise Conv per stream, channels first),
+    keys = V / rms(V), scores = keys against every later mixer's queries (P, m, d) in one broadcast
+    MatMul, (B, T, m, 1, d) @ (m, d, P), transposed to (P, B, T, m). One body per file."""
+    ins = _inputs(["conv_weight", "queries", "source"])
+    taps_in, queries_in, source_in = ins
+    b = _Body()
+    views = _stacked_views(b, [source_in], b.Unsqueeze(taps_in, b.ints([0])), 1, d, values["stream_kernels"])
+    V = views[0] if len(views) == 1 else b.Concat(*views, axis=2)  # (B, T, m, d)
+    keys = b.Div(V, b.Sqrt(b.Add(b.ReduceMean(b.Mul(V, V), b.ints([3]), keepdims=1), b.ref_float("eps"))))
+    Q = b.Transpose(b.Cast(queries_in, to=FLOAT), perm=[1, 2, 0])  # (m, d, P)
+    S = b.MatMul(b.Unsqueeze(keys, b.ints([3])), Q)  # (B, T, m, 1, P)
+    out = b.Transpose(b.Squeeze(S, b.ints([3])), perm=[3, 0, 1, 2])  # (P, B, T, m) float32
+    out.name = "scores"
+    return _function(SOURCE_SCORES, 0, ins, [out], b, values, opset)
 
 
 def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
@@ -184,4 +226,8 @@ def function_body(contract: OpContract, n: int, cfg, opset: int) -> ir.Function:
         return source_views_function(values, cfg.d_model, opset)
     if contract is STREAM_GATE:
         return stream_gate_function(values, cfg.d_model, cfg.n_streams, opset)
+    if contract is SOURCE_SCORES:
+        return source_scores_function(values, cfg.d_model, opset)
+    if contract is SCORED_MIXER:
+        return scored_mixer_function(n, values, cfg.d_model, opset)
     return depth_retrieval_function(n, values, opset)

@@ -60,3 +60,30 @@ def reference_source_views64(conv_weight, window, stream_kernels):
         streams.append(sum(x[:, j:j + T] * conv_weight[off + j] for j in range(k)))  # tap j: token t-(k-1-j)
         off += k
     return torch.stack(streams, dim=2)
+
+
+def _views64(x, conv_weight_row, stream_kernels):
+    """(B, T, d) source, (K, d) taps -> (B, T, m, d) float64 views, zeros before the sequence start."""
+    x, w = x.double(), conv_weight_row.double()
+    T = x.shape[1]
+    streams, off = [x], 0
+    for k in stream_kernels[1:]:
+        xp = F.pad(x, (0, 0, k - 1, 0))
+        streams.append(sum(xp[:, j:j + T] * w[off + j] for j in range(k)))  # tap j: token t-(k-1-j)
+        off += k
+    return torch.stack(streams, dim=2)
+
+
+def reference_source_scores64(conv_weight, queries, source, stream_kernels, eps):
+    """SourceScores in float64: taps (K, d), queries (P, m, d), source (B, T, d) -> scores (P, B, T, m)."""
+    V = _views64(source, conv_weight, stream_kernels)  # (B, T, m, d)
+    keys = V / torch.sqrt((V * V).mean(-1, keepdim=True) + eps)
+    return torch.einsum("btrd,prd->pbtr", keys, queries.double())
+
+
+def reference_scored_mixer64(gate_weight, gate_bias, gate_scale, conv_weight, scores, sources, stream_kernels):
+    """ScoredMixer in float64: scores (n, B, T, m), sources n x (B, T, d) -> h (B, T, d)."""
+    V = torch.stack([_views64(x, conv_weight[i], stream_kernels) for i, x in enumerate(sources)])  # (n, B, T, m, d)
+    alpha = torch.softmax(scores.double(), dim=0)
+    z = (alpha.unsqueeze(-1) * V).sum(0)
+    return reference_stream_gate64(gate_weight, gate_bias, gate_scale, z)

@@ -132,6 +132,18 @@ constexpr char const* kStreamGateName = "StreamGate";
 constexpr int32_t kStreamGateFixedInputs = 4;
 constexpr char const* const kStreamGateFixedInputNames[] = {"gate_weight", "gate_bias", "gate_scale", "z"};
 
+// ---- SourceScores ----------------------------------------------------------
+
+constexpr char const* kSourceScoresName = "SourceScores";
+constexpr int32_t kSourceScoresFixedInputs = 3;
+constexpr char const* const kSourceScoresFixedInputNames[] = {"conv_weight", "queries", "source"};
+
+// ---- ScoredMixer -----------------------------------------------------------
+
+constexpr char const* kScoredMixerName = "ScoredMixer";
+constexpr int32_t kScoredMixerFixedInputs = 5;
+constexpr char const* const kScoredMixerFixedInputNames[] = {"gate_weight", "gate_bias", "gate_scale", "conv_weight", "scores"};
+
 } // namespace msar
 
 #endif // MSAR_OP_CONTRACTS_H
