@@ -199,6 +199,17 @@ void runTile(Prepared const& P, int64_t item)
                 }
             }
         }
+        if (p.scores != nullptr)  // ScoredMixer: the scores are given
+        {
+            for (int64_t t = 0; t < TILE; ++t)
+            {
+                for (int64_t r = 0; r < m; ++r)
+                {
+                    scores[(i * TILE + t) * m + r] = t < tn ? p.scores[((i * p.B + b) * p.T + t0 + t) * m + r] : 0.F;
+                }
+            }
+            continue;
+        }
         // pass 1
         std::fill_n(parts, TILE * m * 2, vf{});
         for (int64_t ch = 0; ch < P.chunks; ++ch)
@@ -328,7 +339,7 @@ void fusedMixer(FusedMixerProblem const& p, Parallel const& parallel)
     P.H = kmax - 1;
     int64_t const dp = P.dp, d = p.d, m = P.m;
     P.query.assign(m * dp, 0.F);
-    for (int64_t r = 0; r < m; ++r)
+    for (int64_t r = 0; r < m && p.scores == nullptr; ++r)
     {
         loadRow(P.query.data() + r * dp, p.query, r * d, d, dp, p.storage);
     }

@@ -65,6 +65,22 @@ struct FusedMixerProblem
     void const* conv_weight;  // [N >= n, K, d]: taps of stream r at rows offset_r .. offset_r + k_r - 1
     std::vector<void const*> sources;  // n x [B, T, d]
     void* h;                           // [B, T, d]
+    //! ScoredMixer: the scores [n, B, T, m] (float32 whatever the storage) replace the scoring pass;
+    //! query and eps are then unused.
+    float const* scores = nullptr;
+};
+
+//! SourceScores (msar_export/contracts.py): one source's scores against every later mixer's queries.
+struct SourceScoresProblem
+{
+    Storage storage;
+    int64_t B, T, d, P;            // batch, tokens, width, later mixers
+    std::vector<int32_t> kernels;  // stream_kernels, first is 1
+    float eps;
+    void const* conv_weight;  // [K, d]
+    void const* queries;      // [P, m, d]
+    void const* source;       // [B, T, d]
+    float* scores;            // [P, B, T, m]
 };
 
 //! DepthRetrieval (msar_export/contracts.py): retrieval over already expanded views.
@@ -101,7 +117,9 @@ struct StreamGateProblem
     void* h;                  // [B, T, d]
 };
 
+//! FusedMixer, or ScoredMixer when p.scores is set.
 void fusedMixer(FusedMixerProblem const& p, Parallel const& parallel);
+void sourceScores(SourceScoresProblem const& p, Parallel const& parallel);
 void streamGate(StreamGateProblem const& p, Parallel const& parallel);
 void sourceViews(SourceViewsProblem const& p, Parallel const& parallel);
 void depthRetrieval(DepthRetrievalProblem const& p, Parallel const& parallel);

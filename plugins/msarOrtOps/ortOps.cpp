@@ -1,6 +1,6 @@
 /*
  * ONNX Runtime custom-op library for the msar ops: FusedMixer, DepthRetrieval,
- * SourceViews and StreamGate (msar_export/contracts.py, generated common/msarOpContracts.h),
+ * SourceViews, StreamGate, SourceScores and ScoredMixer (msar_export/contracts.py, generated common/msarOpContracts.h),
  * float32, float16 and bfloat16 storage (float32 inside), on the CPU execution provider.
  *
  *   so.register_custom_ops_library("libmsar_ort_ops.so")
@@ -114,8 +114,15 @@ void expectGate(char const* op, Input const& gw, Input const& gb, Input const& g
            [&] { return "gate_scale must be a scalar, got " + shapeText(gs.shape); });
 }
 
+//! Every port in the registered storage type T; a kernel with float32 ports (the scores) says which.
+struct AllStorageTyped
+{
+    static bool float32Input(std::size_t) { return false; }
+    static constexpr bool kFloat32Output = false;
+};
+
 //! One kernel per node; T is the element type this instance was registered for.
-struct FusedMixerKernel
+struct FusedMixerKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kFusedMixerName;
     static constexpr std::size_t kFixed = msar::kFusedMixerFixedInputs;
@@ -172,7 +179,7 @@ struct FusedMixerKernel
     float mEps;
 };
 
-struct DepthRetrievalKernel
+struct DepthRetrievalKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kDepthRetrievalName;
     static constexpr std::size_t kFixed = msar::kDepthRetrievalFixedInputs;
@@ -213,7 +220,7 @@ struct DepthRetrievalKernel
     float mEps;
 };
 
-struct SourceViewsKernel
+struct SourceViewsKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kSourceViewsName;
     static constexpr std::size_t kFixed = msar::kSourceViewsFixedInputs;
@@ -252,7 +259,7 @@ struct SourceViewsKernel
     std::vector<int32_t> mKernels;
 };
 
-struct StreamGateKernel
+struct StreamGateKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kStreamGateName;
     static constexpr std::size_t kFixed = msar::kStreamGateFixedInputs;
@@ -276,6 +283,108 @@ struct StreamGateKernel
     }
 
     Storage mStorage;
+};
+
+//! Mixer l over its sources and their given scores: FusedMixer without the scoring pass.
+struct ScoredMixerKernel : AllStorageTyped
+{
+    static constexpr char const* kName = msar::kScoredMixerName;
+    static constexpr std::size_t kFixed = msar::kScoredMixerFixedInputs;
+    static constexpr bool kVariadic = true;
+    static constexpr std::size_t kScores = kFixed - 1;  // the one float32 input
+    static bool float32Input(std::size_t i) { return i == kScores; }
+
+    ScoredMixerKernel(OrtApi const&, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
+    {
+        Ort::ConstKernelInfo ki(info);
+        for (int64_t k : ki.GetAttributes<int64_t>("stream_kernels"))
+        {
+            mKernels.push_back(static_cast<int32_t>(k));
+        }
+    }
+
+    void compute(Ort::KernelContext& ctx) const
+    {
+        char const* op = kName;
+        std::size_t const count = ctx.GetInputCount();
+        expect(count > kFixed, op, [&] { return "needs at least one source"; });
+        Input gw = input(ctx, 0), gb = input(ctx, 1), gs = input(ctx, 2), cw = input(ctx, 3), sc = input(ctx, kScores);
+        Input x0 = input(ctx, kFixed);
+        expect(x0.shape.size() == 3, op, [&] { return "sources must be [B, T, d], got " + shapeText(x0.shape); });
+        int64_t const B = x0.shape[0], T = x0.shape[1], d = x0.shape[2];
+        auto const m = static_cast<int64_t>(mKernels.size());
+        int64_t const K = msar::cpu::streamTaps(mKernels).K;
+        int64_t const n = static_cast<int64_t>(count - kFixed);
+        expectGate(op, gw, gb, gs, m, d);
+        expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == K && cw.shape[2] == d, op, [&] { return
+               "conv_weight must be [N >= " + std::to_string(n) + ", K = " + std::to_string(K) + ", d = "
+                   + std::to_string(d) + "], got " + shapeText(cw.shape); });
+        expect(sc.shape == Shape{n, B, T, m}, op,
+               [&] { return "scores must be [n, B, T, m] = " + shapeText({n, B, T, m}) + ", got " + shapeText(sc.shape); });
+        msar::cpu::FusedMixerProblem p{mStorage, B, T, d, n, mKernels, 0.F, nullptr, gw.data, gb.data, gs.data, cw.data,
+                                       {}, nullptr, static_cast<float const*>(sc.data)};
+        for (int64_t i = 0; i < n; ++i)
+        {
+            Input x = input(ctx, kFixed + i);
+            expect(x.shape == x0.shape, op, [&] {
+                return "source " + std::to_string(i) + " is " + shapeText(x.shape) + ", source 0 is " + shapeText(x0.shape);
+            });
+            p.sources.push_back(x.data);
+        }
+        p.h = ctx.GetOutput(0, x0.shape).GetTensorMutableRawData();
+        if (B * T * d > 0)
+        {
+            msar::cpu::fusedMixer(p, OrtParallel(ctx));
+        }
+    }
+
+    Storage mStorage;
+    std::vector<int32_t> mKernels;
+};
+
+//! One source's scores against the queries of every later mixer, float32 out.
+struct SourceScoresKernel : AllStorageTyped
+{
+    static constexpr char const* kName = msar::kSourceScoresName;
+    static constexpr std::size_t kFixed = msar::kSourceScoresFixedInputs;
+    static constexpr bool kVariadic = false;
+    static constexpr bool kFloat32Output = true;
+
+    SourceScoresKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
+    {
+        mEps = floatAttr(api, info, "eps", msar::FusedMixerAttrFields{}.eps);
+        Ort::ConstKernelInfo ki(info);
+        for (int64_t k : ki.GetAttributes<int64_t>("stream_kernels"))
+        {
+            mKernels.push_back(static_cast<int32_t>(k));
+        }
+    }
+
+    void compute(Ort::KernelContext& ctx) const
+    {
+        char const* op = kName;
+        Input cw = input(ctx, 0), q = input(ctx, 1), x = input(ctx, 2);
+        auto const m = static_cast<int64_t>(mKernels.size());
+        int64_t const K = msar::cpu::streamTaps(mKernels).K;
+        expect(x.shape.size() == 3, op, [&] { return "source must be [B, T, d], got " + shapeText(x.shape); });
+        int64_t const B = x.shape[0], T = x.shape[1], d = x.shape[2];
+        expect(cw.shape == Shape{K, d}, op,
+               [&] { return "conv_weight must be [K, d] = " + shapeText({K, d}) + ", got " + shapeText(cw.shape); });
+        expect(q.shape.size() == 3 && q.shape[1] == m && q.shape[2] == d, op,
+               [&] { return "queries must be [P, m, d] with m = " + std::to_string(m) + ", d = " + std::to_string(d)
+                            + ", got " + shapeText(q.shape); });
+        int64_t const P = q.shape[0];
+        msar::cpu::SourceScoresProblem p{mStorage, B, T, d, P, mKernels, mEps, cw.data, q.data, x.data, nullptr};
+        p.scores = ctx.GetOutput(0, Shape{P, B, T, m}).GetTensorMutableData<float>();
+        if (P * B * T * d > 0)
+        {
+            msar::cpu::sourceScores(p, OrtParallel(ctx));
+        }
+    }
+
+    Storage mStorage;
+    std::vector<int32_t> mKernels;
+    float mEps;
 };
 
 template <typename Kernel>
@@ -324,13 +433,19 @@ struct Op : Ort::CustomOpBase<Op<Kernel>, Wrapped<Kernel>, true>
 
     char const* GetName() const { return Kernel::kName; }
     std::size_t GetInputTypeCount() const { return Kernel::kFixed + (Kernel::kVariadic ? 1 : 0); }
-    ONNXTensorElementDataType GetInputType(std::size_t) const { return mType; }
+    ONNXTensorElementDataType GetInputType(std::size_t i) const
+    {
+        return Kernel::float32Input(i) ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : mType;
+    }
     OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(std::size_t i) const
     {
         return Kernel::kVariadic && i == Kernel::kFixed ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
     }
     std::size_t GetOutputTypeCount() const { return 1; }
-    ONNXTensorElementDataType GetOutputType(std::size_t) const { return mType; }
+    ONNXTensorElementDataType GetOutputType(std::size_t) const
+    {
+        return Kernel::kFloat32Output ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : mType;
+    }
 
     ONNXTensorElementDataType mType;
 };
@@ -357,6 +472,8 @@ Typed<FusedMixerKernel> const gFusedMixer;
 Typed<DepthRetrievalKernel> const gRetrieval;
 Typed<SourceViewsKernel> const gViews;
 Typed<StreamGateKernel> const gGates;
+Typed<ScoredMixerKernel> const gScoredMixer;
+Typed<SourceScoresKernel> const gScores;
 std::mutex gDomainsLock;
 std::vector<Ort::CustomOpDomain> gDomains;
 
@@ -378,6 +495,8 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
         gRetrieval.addTo(domain);
         gViews.addTo(domain);
         gGates.addTo(domain);
+        gScoredMixer.addTo(domain);
+        gScores.addTo(domain);
         Ort::UnownedSessionOptions(options).Add(domain);
         std::lock_guard<std::mutex> lock(gDomainsLock);
         gDomains.push_back(std::move(domain));
