@@ -199,17 +199,6 @@ void runTile(Prepared const& P, int64_t item)
                 }
             }
         }
-        if (p.scores != nullptr)  // ScoredMixer: the scores are given
-        {
-            for (int64_t t = 0; t < TILE; ++t)
-            {
-                for (int64_t r = 0; r < m; ++r)
-                {
-                    scores[(i * TILE + t) * m + r] = t < tn ? p.scores[((i * p.B + b) * p.T + t0 + t) * m + r] : 0.F;
-                }
-            }
-            continue;
-        }
         // pass 1
         std::fill_n(parts, TILE * m * 2, vf{});
         for (int64_t ch = 0; ch < P.chunks; ++ch)
@@ -317,42 +306,19 @@ void fusedMixer(FusedMixerProblem const& p, Parallel const& parallel)
     Prepared P;
     P.p = &p;
     P.m = static_cast<int64_t>(p.kernels.size());
-    if (P.m < 1 || P.m > kMaxStreams || p.kernels[0] != 1)
-    {
-        throw std::invalid_argument("stream_kernels must start with 1 and have at most 8 streams");
-    }
     P.dp = (p.d + kChunk - 1) / kChunk * kChunk;
     P.chunks = P.dp / kChunk;
-    P.K = 0;
-    int64_t kmax = 1;
-    P.offsets[0] = 0;
-    for (int64_t r = 1; r < P.m; ++r)
-    {
-        if (p.kernels[r] < 1)
-        {
-            throw std::invalid_argument("stream_kernels must be positive");
-        }
-        P.offsets[r] = P.K;
-        P.K += p.kernels[r];
-        kmax = std::max<int64_t>(kmax, p.kernels[r]);
-    }
-    P.H = kmax - 1;
+    StreamTaps const st = streamTaps(p.kernels);
+    P.K = st.K;
+    P.H = st.kmax - 1;
+    std::copy_n(st.offsets, P.m, P.offsets);
     int64_t const dp = P.dp, d = p.d, m = P.m;
     P.query.assign(m * dp, 0.F);
-    for (int64_t r = 0; r < m && p.scores == nullptr; ++r)
+    for (int64_t r = 0; r < m; ++r)
     {
         loadRow(P.query.data() + r * dp, p.query, r * d, d, dp, p.storage);
     }
-    P.gate.assign(m * m * dp, 0.F);
-    for (int64_t o = 0; o < m; ++o)
-    {
-        for (int64_t r = 0; r < m; ++r)
-        {
-            loadRow(P.gate.data() + (o * m + r) * dp, p.gate_weight, o * m * d + r * d, d, dp, p.storage);
-        }
-    }
-    loadRow(P.bias, p.gate_bias, 0, m, m, p.storage);
-    loadRow(&P.scale, p.gate_scale, 0, 1, 1, p.storage);
+    loadGate(p.gate_weight, p.gate_bias, p.gate_scale, m, d, dp, p.storage, P.gate, P.bias, &P.scale);
     // conv_weight rows are [K][d]; the loops want [chunk][K][kChunk] (one chunk's taps together).
     P.taps.assign(p.n * P.K * dp, 0.F);
     for (int64_t i = 0; i < p.n; ++i)

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 namespace msar::cpu
@@ -34,17 +35,28 @@ struct Parallel
 };
 
 //! What stream_kernels (first is 1) make of a conv_weight row: K taps of streams 1..m-1 back to
-//! back, and kmax, the longest kernel (so kmax-1 rows of history).
+//! back (stream r's first at offsets[r]), and kmax, the longest kernel (so kmax-1 rows of history).
 struct StreamTaps
 {
     int64_t K = 0, kmax = 1;
+    int64_t offsets[8] = {};
 };
 
+//! stream_kernels checked (first 1, at most 8 streams, all positive) and laid out.
 inline StreamTaps streamTaps(std::vector<int32_t> const& kernels)
 {
+    if (kernels.empty() || kernels.size() > 8 || kernels[0] != 1)
+    {
+        throw std::invalid_argument("stream_kernels must start with 1 and have at most 8 streams");
+    }
     StreamTaps s;
     for (std::size_t r = 1; r < kernels.size(); ++r)
     {
+        if (kernels[r] < 1)
+        {
+            throw std::invalid_argument("stream_kernels must be positive");
+        }
+        s.offsets[r] = s.K;
         s.K += kernels[r];
         s.kmax = kernels[r] > s.kmax ? kernels[r] : s.kmax;
     }
@@ -117,9 +129,10 @@ struct StreamGateProblem
     void* h;                  // [B, T, d]
 };
 
-//! FusedMixer, or ScoredMixer when p.scores is set.
 void fusedMixer(FusedMixerProblem const& p, Parallel const& parallel);
 void sourceScores(SourceScoresProblem const& p, Parallel const& parallel);
+//! ScoredMixer: p.scores set, p.query unused.
+void scoredMixer(FusedMixerProblem const& p, Parallel const& parallel);
 void streamGate(StreamGateProblem const& p, Parallel const& parallel);
 void sourceViews(SourceViewsProblem const& p, Parallel const& parallel);
 void depthRetrieval(DepthRetrievalProblem const& p, Parallel const& parallel);

@@ -6,6 +6,7 @@
  * norms, and the dots against the P queries, 4 tokens x 4 queries per block so that each view and
  * query vector loaded feeds 4 FMAs.
  */
+#include "cpuConvViews.h"
 #include "cpuKernels.h"
 #include "cpuVector.h"
 
@@ -23,9 +24,10 @@ constexpr int64_t kBlock = 4;  // tokens x queries whose dots are summed togethe
 struct Prepared
 {
     SourceScoresProblem const* p;
-    int64_t m, dp, K, H, tiles;
-    int64_t offsets[8];
-    std::vector<float> taps;     // [K][dp]
+    int64_t m, dp, H, tiles;
+    StreamTaps st;  // K taps per source, stream r's first at st.offsets[r]
+    int64_t chunks;
+    std::vector<float> taps;     // [chunk][K][kChunk]: the order views::dispatchStream reads them
     std::vector<float> queries;  // [m][P][dp]: one stream's queries together
 };
 
@@ -60,64 +62,72 @@ inline void dotBlock(float const* v, int64_t tn, float const* q, int64_t pn, int
     }
 }
 
+using views::kChunk;
+
+//! The views of R tokens for one vector of channels, from views::dispatchStream: stored, and their
+//! squares summed per token.
+template <int64_t R>
+struct ViewSink
+{
+    float* views;  // [kTile][dpc]: token t's view at views + t * dpc
+    vf* squares;   // [kTile]
+    int64_t dpc;   // the views' row stride (whole chunks)
+    int64_t c0;    // this chunk's first channel
+    void begin(int64_t) {}
+    void take(int64_t s, int64_t cc, vf const* acc)
+    {
+        for (int64_t t = 0; t < R; ++t)
+        {
+            vstore(views + (s + t) * dpc + c0 + cc, acc[t]);
+            squares[s + t] += acc[t] * acc[t];
+        }
+    }
+    void end(int64_t) {}
+};
+
 void tile(Prepared const& P, int64_t item)
 {
     SourceScoresProblem const& p = *P.p;
     int64_t const dp = P.dp, d = p.d, m = P.m, H = P.H, b = item / P.tiles, t0 = (item % P.tiles) * kTile;
-    int64_t const tn = std::min(kTile, p.T - t0), rows = H + tn;
-    tWindow.resize(std::max<std::size_t>(tWindow.size(), rows * dp));
-    tViews.resize(std::max<std::size_t>(tViews.size(), kTile * dp));
+    int64_t const tn = std::min(kTile, p.T - t0), rows = H + kTile, dpc = dp;
+    tWindow.resize(std::max<std::size_t>(tWindow.size(), rows * dpc));
+    tViews.resize(std::max<std::size_t>(tViews.size(), kTile * dpc));
     tDots.resize(std::max<std::size_t>(tDots.size(), kTile * p.P));
     float* win = tWindow.data();
     float* views = tViews.data();
     for (int64_t u = 0; u < rows; ++u)
     {
         int64_t const t = t0 - H + u;
-        if (t < 0)
+        if (t < 0 || t >= p.T)
         {
-            std::fill_n(win + u * dp, dp, 0.F);  // zeros before the sequence start
+            std::fill_n(win + u * dpc, dpc, 0.F);  // zeros before the sequence start (and past its end)
         }
         else
         {
-            loadRow(win + u * dp, p.source, (b * p.T + t) * d, d, dp, p.storage);
+            loadRow(win + u * dpc, p.source, (b * p.T + t) * d, d, dpc, p.storage);
         }
     }
     for (int64_t r = 0; r < m; ++r)
     {
         int64_t const k = p.kernels[r];
-        float const* taps = P.taps.data() + P.offsets[r] * dp;
+        vf squares[kTile] = {};
+        for (int64_t ch = 0; ch < P.chunks; ++ch)
+        {
+            ViewSink<4> sink{views, squares, dpc, ch * kChunk};
+            views::dispatchStream<kTile, 4>(k, win + (H - (k - 1)) * dpc + ch * kChunk, dpc,
+                                            P.taps.data() + (ch * P.st.K + P.st.offsets[r]) * kChunk, sink);
+        }
         float rn[kTile];
         for (int64_t t = 0; t < tn; ++t)
         {
-            float* v = views + t * dp;
-            float const* first = win + (H + t - (k - 1)) * dp;  // tap j multiplies token t-(k-1-j)
-            vf squares = vf{};
-            for (int64_t c = 0; c < dp; c += kVW)
-            {
-                vf acc;
-                if (r == 0)
-                {
-                    acc = vload(first + c);
-                }
-                else
-                {
-                    acc = vf{};
-                    for (int64_t j = 0; j < k; ++j)
-                    {
-                        acc += vload(taps + j * dp + c) * vload(first + j * dp + c);
-                    }
-                }
-                vstore(v + c, acc);
-                squares += acc * acc;
-            }
-            rn[t] = 1.F / std::sqrt(hsum(squares) / static_cast<float>(d) + p.eps);
+            rn[t] = 1.F / std::sqrt(hsum(squares[t]) / static_cast<float>(d) + p.eps);
         }
         float const* q = P.queries.data() + r * p.P * dp;
         for (int64_t t = 0; t < tn; t += kBlock)
         {
             for (int64_t j = 0; j < p.P; j += kBlock)
             {
-                dotBlock(views + t * dp, std::min(kBlock, tn - t), q + j * dp, std::min(kBlock, p.P - j), dp,
+                dotBlock(views + t * dpc, std::min(kBlock, tn - t), q + j * dp, std::min(kBlock, p.P - j), dpc,
                          tDots.data() + t * p.P + j, p.P);
             }
         }
@@ -139,26 +149,20 @@ void sourceScores(SourceScoresProblem const& p, Parallel const& parallel)
     Prepared P;
     P.p = &p;
     P.m = static_cast<int64_t>(p.kernels.size());
-    if (P.m < 1 || P.m > 8 || p.kernels[0] != 1)
-    {
-        throw std::invalid_argument("stream_kernels must start with 1 and have at most 8 streams");
-    }
-    auto const [K, kmax] = streamTaps(p.kernels);
-    P.K = K;
-    P.H = kmax - 1;
-    P.dp = padded(p.d);
-    int64_t offset = 0;
-    for (int64_t r = 1; r < P.m; ++r)
-    {
-        P.offsets[r] = offset;
-        offset += p.kernels[r];
-    }
-    P.offsets[0] = 0;
+    P.st = streamTaps(p.kernels);
+    P.H = P.st.kmax - 1;
+    int64_t const K = P.st.K;
+    P.chunks = (p.d + kChunk - 1) / kChunk;
+    P.dp = P.chunks * kChunk;  // whole chunks: the views' rows, as dispatchStream writes them
     int64_t const dp = P.dp, d = p.d;
-    P.taps.assign(K * dp, 0.F);
-    for (int64_t j = 0; j < K; ++j)
+    P.taps.assign(P.chunks * K * kChunk, 0.F);
+    for (int64_t ch = 0; ch < P.chunks; ++ch)
     {
-        loadRow(P.taps.data() + j * dp, p.conv_weight, j * d, d, dp, p.storage);
+        int64_t const c0 = ch * kChunk, count = std::min(kChunk, d - c0);
+        for (int64_t j = 0; j < K; ++j)
+        {
+            loadRow(P.taps.data() + (ch * K + j) * kChunk, p.conv_weight, j * d + c0, count, kChunk, p.storage);
+        }
     }
     P.queries.assign(P.m * p.P * dp, 0.F);
     for (int64_t j = 0; j < p.P; ++j)

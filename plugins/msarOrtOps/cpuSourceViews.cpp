@@ -85,7 +85,8 @@ void tile(Prepared const& P, int64_t item)
 
 void sourceViews(SourceViewsProblem const& p, Parallel const& parallel)
 {
-    auto const [K, kmax] = streamTaps(p.kernels);
+    StreamTaps const st = streamTaps(p.kernels);
+    int64_t const K = st.K, kmax = st.kmax;
     int64_t const dp = padded(p.d);
     Prepared P{&p, dp, kmax, (p.T + kTile - 1) / kTile, p.storage == Storage::kFloat32 && dp == p.d, {}, nullptr};
     if (P.inPlace)

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace msar::cpu
 {
@@ -117,6 +118,24 @@ inline void storeRow(void* dst, int64_t offset, float const* src, int64_t count,
             }
         }
     }
+}
+
+//! The scalar gate's parameters (FusedMixer, ScoredMixer) in float32: W as [m out][m in][dp] (stream
+//! `in`'s d-block of logit `out`, padded), bias[m] and the scale.
+// noinline: inlined into a caller whose bias and scale are members, GCC 12 warns of a false overflow
+__attribute__((noinline)) inline void loadGate(void const* weight, void const* bias, void const* scale, int64_t m, int64_t d, int64_t dp,
+                     Storage s, std::vector<float>& w, float* b, float* a)
+{
+    w.assign(m * m * dp, 0.F);
+    for (int64_t o = 0; o < m; ++o)
+    {
+        for (int64_t r = 0; r < m; ++r)
+        {
+            loadRow(w.data() + (o * m + r) * dp, weight, o * m * d + r * d, d, dp, s);
+        }
+    }
+    loadRow(b, bias, 0, m, m, s);
+    loadRow(a, scale, 0, 1, 1, s);
 }
 
 //! q . v and v . v over `dp` padded channels.

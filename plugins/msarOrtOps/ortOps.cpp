@@ -239,7 +239,8 @@ struct SourceViewsKernel : AllStorageTyped
     {
         char const* op = kName;
         Input cw = input(ctx, 0), w = input(ctx, 1);
-        auto const [K, kmax] = msar::cpu::streamTaps(mKernels);
+        msar::cpu::StreamTaps const st = msar::cpu::streamTaps(mKernels);
+        int64_t const K = st.K, kmax = st.kmax;
         expect(w.shape.size() == 3 && w.shape[1] >= kmax - 1, op, [&] {
             return "window must be [B, kmax-1+T, d] with kmax = " + std::to_string(kmax) + ", got " + shapeText(w.shape);
         });
@@ -334,7 +335,7 @@ struct ScoredMixerKernel : AllStorageTyped
         p.h = ctx.GetOutput(0, x0.shape).GetTensorMutableRawData();
         if (B * T * d > 0)
         {
-            msar::cpu::fusedMixer(p, OrtParallel(ctx));
+            msar::cpu::scoredMixer(p, OrtParallel(ctx));
         }
     }
 
