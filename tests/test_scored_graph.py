@@ -166,12 +166,24 @@ def test_build_refuses_a_scored_file_in_one_line(faithful, scored, tmp_path, cap
         assert len(err.splitlines()) == 1 and "Traceback" not in err
         assert "msar::ScoredMixer" in err and err.endswith("re-export with --mixer-op fused for TensorRT"), err
         assert not plan.exists()
-    with pytest.raises(OnnxModelError, match="--mixer-op fused"):  # check's in-memory engine reads it too
+    with pytest.raises(OnnxModelError, match="--mixer-op fused"):  # the in-memory engine's reader too
         read_onnx(path)
     # Negative control: the fused file is not refused for it (it needs --plugins, or TensorRT-RTX).
     assert main(["build", str(faithful[1]), "-o", str(plan), "--backend", "tensorrt-rtx"]) == 2
     err = capsys.readouterr().err
     assert ("--plugins" in err or "not installed" in err) and "--mixer-op" not in err, err
+
+
+def test_check_skips_tensorrt_on_a_scored_file_and_says_why(faithful, scored, capsys):
+    """`check` plans no engine for a scored file, on any machine: its ONNX Runtime rows still run."""
+    ckpt, fused, _ = faithful
+    skipped = {}
+    for name, path in (("scored", scored("float32")), ("fused", fused)):
+        assert main(["check", str(ckpt), "--onnx", str(path), "--ort-ops", "function"]) == 0
+        out = " ".join(capsys.readouterr().out.split())  # the table wraps nothing off a terminal; joined anyway
+        skipped[name] = "--mixer-op fused for TensorRT" in out
+        assert "onnxrt: PASS" in out or "onnxrt-function: PASS" in out, out
+    assert skipped == {"scored": True, "fused": False}  # the fused file's skip (if any) has another reason
 
 
 def test_scored_is_a_mixer_op_and_other_graphs_keep_their_form(tmp_path):
