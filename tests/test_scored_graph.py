@@ -186,11 +186,16 @@ def test_check_skips_tensorrt_on_a_scored_file_and_says_why(faithful, scored, ca
     assert skipped == {"scored": True, "fused": False}  # the fused file's skip (if any) has another reason
 
 
-def test_scored_is_a_mixer_op_and_other_graphs_keep_their_form(tmp_path):
-    """attnres has one identity stream and no gate: scored means its fused graph (DepthRetrieval
-    nodes), as --mixer-op retrieval does; decode graphs keep their SourceViews/DepthRetrieval form."""
+def test_an_unknown_mixer_op_names_the_three():
     with pytest.raises(InputError, match="fused, retrieval, scored"):
         ExportOptions(mixer_op="score")
+    assert ExportOptions(mixer_op="scored").mixer_op == "scored"
+
+
+@pytest.mark.slow  # three exports (15 s) for the one branch in graphs.py's path_cls
+def test_other_graphs_keep_their_form_under_scored(tmp_path):
+    """attnres has one identity stream and no gate: scored means its fused graph (DepthRetrieval
+    nodes), as --mixer-op retrieval does; decode graphs keep their SourceViews/DepthRetrieval form."""
     ckpt = make_checkpoint(tmp_path / "attnres", seed=3, residual="attnres", n_blocks=1)[0]
     ops = {}
     for mixer_op in ("fused", "scored"):
