@@ -13,6 +13,7 @@ from pathlib import Path
 from .cli_export import cmd_export
 from .cli_common import Parser, add_dtype, add_ort_ops, add_plugins, add_trust_pickle, run_command, say  # noqa: F401  (run_command, Parser: also used through msar_export.cli)
 from .errors import InputError
+from .export.report import MIXER_OPS
 from .numbers import COUNT, OPSET, POSITIVE, SEED, SIZE, THREADS, machine_threads
 
 
@@ -121,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--external-data", action="store_true",
                    help="weights in OUTPUT.data beside the .onnx file (always so over protobuf's 2 GB limit)")
     e.add_argument("--opset", type=OPSET, default=18)
-    e.add_argument("--mixer-op", choices=("fused", "retrieval"), default="fused",
-                   help="msar prefill: FusedMixer nodes (TensorRT plugin path) or shared views + DepthRetrieval "
-                        "nodes (faster in ONNX Runtime)")
+    e.add_argument("--mixer-op", choices=MIXER_OPS, default="fused",
+                   help="msar prefill: FusedMixer nodes (TensorRT plugin path), shared views + DepthRetrieval "
+                        "nodes, or scored: each source's scores made once (SourceScores) + ScoredMixer nodes "
+                        "(ONNX Runtime only; TensorRT takes fused). Decode graphs and attnres/standard ignore it")
     e.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime vs eager check after export")
     add_ort_ops(e)
     add_trust_pickle(e)

@@ -50,3 +50,17 @@ def scale_tap(i, r, tap, factor=1.02):
     def edit(t):
         t[f"sources.{i}.conv.{r}.weight"][:, 0, tap] *= factor
     return edit
+
+
+def check_both_passes_then_fails_on_two_percent_taps(ckpt: Path, onnx_path: Path, tmp_path: Path, capsys) -> None:
+    """`check --ort-ops both` on `onnx_path`: exit 0 with both ONNX Runtime rows PASS against `ckpt`,
+    exit 1 with both FAIL against a copy whose tap changed by 2% (the caller sets MSAR_ORT_OPS)."""
+    from msar_export.cli import main
+
+    assert main(["check", str(ckpt), "--onnx", str(onnx_path), "--ort-ops", "both", "--no-trt"]) == 0
+    out = capsys.readouterr().out
+    assert "onnxrt-native: PASS" in out and "onnxrt-function: PASS" in out
+    bad = faulted(ckpt, tmp_path / "bad", scale_tap(2, 1, 1))
+    assert main(["check", str(bad), "--onnx", str(onnx_path), "--ort-ops", "both", "--no-trt"]) == 1
+    out = capsys.readouterr().out
+    assert "onnxrt-native: FAIL" in out and "onnxrt-function: FAIL" in out

@@ -22,7 +22,7 @@ def test_quick_bench_writes_results_and_chart(tmp_path):
     backends = {(r["kind"], r["backend"]) for r in saved["prefill"]}
     assert {("standard", "eager"), ("standard", "ort"), ("msar", "eager"), ("msar", "ort-native"),
             ("msar", "ort-function"), ("msar", "ort-decomposed"), ("msar", "ort-native-retrieval"),
-            ("msar", "ort-function-retrieval")} <= backends
+            ("msar", "ort-function-retrieval"), ("msar", "ort-native-scored"), ("msar", "ort-function-scored")} <= backends
     assert all(r["median_s"] > 0 and r["min_s"] <= r["median_s"] <= r["max_s"] for r in saved["prefill"])
     assert {(r["kind"], r["backend"], r["batch"]) for r in saved["decode"]} == (
         {(k, b, n) for k in ("standard", "msar") for b in ("eager", "ort") for n in s.decode_batches}
@@ -32,8 +32,36 @@ def test_quick_bench_writes_results_and_chart(tmp_path):
     pair = saved["paired"]["msar/standard prefill time in ORT (ort-native)"]
     assert pair["pairs"] == s.pair_repeats and pair["min"] <= pair["median"] <= pair["max"]
     assert saved["ratios"]["msar/standard prefill time in ORT (ort-native)"] == pair["median"]
+    scored = saved["paired"]["msar/standard prefill time in ORT (ort-native-scored)"]
+    assert saved["ratios"]["msar/standard prefill time in ORT (ort-native-scored)"] == scored["median"]
+    assert "| msar | ort-native-scored |" in markdown_table(saved)
     assert {f"standard/msar decode tokens/s, batch {n} (ort)" for n in s.decode_batches} <= set(saved["paired"])
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_scored_rows_get_goal_ratios_and_table_rows():
+    """A checked-in result with an msar `ort-native-scored` row added (0.39 s against standard's
+    0.3 s and msar eager's 0.78 s): ratios() and the README table take it like any ORT row."""
+    from msar_export.bench.run import ratios
+
+    result = json.loads((REPO / "benchmarks" / "results.json").read_text())
+    B, T = result["settings"]["prefill_shapes"][0]
+    result["paired"] = {}  # the round-robin ratio, not a pair's median
+    for r in result["prefill"]:
+        if (r["batch"], r["seq"]) == (B, T) and (r["kind"], r["backend"]) in (("standard", "ort"), ("msar", "eager")):
+            r["median_s"] = 0.3 if r["kind"] == "standard" else 0.78
+    result["prefill"].append({**result["prefill"][0], "kind": "msar", "backend": "ort-native-scored", "batch": B,
+                              "seq": T, "median_s": 0.39, "tokens_per_s": 1313.0})
+    got = ratios(result)
+    assert got["msar/standard prefill time in ORT (ort-native-scored)"] == 1.3
+    assert got["msar prefill speed-up ort-native-scored vs eager"] == 2.0
+    result["ratios"] = got
+    table = markdown_table(result)
+    assert "| msar | ort-native-scored | 390.0 | 1313 |" in table
+    assert "| msar/standard prefill time in ORT (ort-native-scored) | 1.3 |" in table
+    # Negative control: a row at another shape is neither a table row nor a ratio.
+    result["prefill"][-1]["seq"] = T + 1
+    assert "ort-native-scored" not in markdown_table({**result, "ratios": ratios(result)})
 
 
 def test_paired_ratio_reads_a_known_ratio():

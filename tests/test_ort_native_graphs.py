@@ -13,12 +13,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from compare_fixtures import faulted, scale_tap  # the `faithful` fixture: conftest.py
+from compare_fixtures import check_both_passes_then_fails_on_two_percent_taps  # `faithful`: conftest.py
 from ort_ops_fixtures import ort_ops_library  # noqa: F401  (fixture)
 
 from msar_export import cli_common
 from msar_export.checkpoint import load_checkpoint
-from msar_export.cli import main
 from msar_export.export import ExportOptions, export_checkpoint
 from msar_export.model.precision import float64_one_sublayer_at_a_time
 from msar_export.runners import ort_runner
@@ -135,13 +134,7 @@ def test_left_padded_generation_same_tokens_native_and_eager(ckpt, exported, ort
 def test_check_both_passes_and_fails_on_two_percent_taps(faithful, tmp_path, capsys, ort_ops_library, monkeypatch):
     ckpt, onnx_path, _ = faithful
     monkeypatch.setenv(ort_runner.ORT_OPS_ENV, ort_ops_library)  # --ort-ops both: native is this build
-    assert main(["check", str(ckpt), "--onnx", str(onnx_path), "--ort-ops", "both", "--no-trt"]) == 0
-    out = capsys.readouterr().out
-    assert "onnxrt-native: PASS" in out and "onnxrt-function: PASS" in out
-    bad = faulted(ckpt, tmp_path / "bad", scale_tap(2, 1, 1))
-    assert main(["check", str(bad), "--onnx", str(onnx_path), "--ort-ops", "both", "--no-trt"]) == 1
-    out = capsys.readouterr().out
-    assert "onnxrt-native: FAIL" in out and "onnxrt-function: FAIL" in out
+    check_both_passes_then_fails_on_two_percent_taps(ckpt, onnx_path, tmp_path, capsys)
 
 
 def test_missing_library_falls_back_with_one_line_and_native_is_an_error(faithful, tmp_path):

@@ -48,6 +48,13 @@ def test_each_lazy_weight_is_what_load_checkpoint_gives(ckpt, tmp_path, dtype):
             assert got.tobytes() == want.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes(), name
         bank = lazy.loader("conv_bank", "conv_bank")()
         assert bank.tobytes() == pack_conv_weights(model).detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+        # --mixer-op scored: source i's queries are mixers i+1..L+1's, stacked in order
+        L = cfg.n_sublayers
+        for i in (0, L):
+            want = torch.stack([model.mixers[str(j)].query for j in range(i + 1, L + 2)])
+            got = lazy.loader(f"mixer_queries_{i}", "q")()
+            assert tuple(got.shape) == (L + 1 - i, cfg.n_streams, cfg.d_model)
+            assert got.tobytes() == want.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
     # Negative control: another checkpoint's weights give other bytes.
     other = make_checkpoint(tmp_path / "other", seed=8, n_blocks=1)[0]
     cfg, files = open_checkpoint(other)
@@ -114,7 +121,7 @@ def _files(folder):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [{}, {"external_data": True}, {"decode": True, "dtype": "float16"},
-                                   {"decomposed": True, "dtype": "bfloat16"}])
+                                   {"decomposed": True, "dtype": "bfloat16"}, {"mixer_op": "scored"}])
 def test_weightless_file_is_byte_identical_to_the_loaded_models(ckpt, tmp_path, flags):
     opts = ExportOptions(**flags)
     new, old, changed = (tmp_path / d for d in ("new", "old", "changed"))

@@ -73,8 +73,9 @@ def ort_backends(model, kind: str, workdir: Path, threads: int, log) -> tuple[li
 
     native = native_available()
     files = {"custom": ExportOptions(), "decomposed": ExportOptions(decomposed=True)}
-    if kind == "msar":
+    if kind == "msar":  # the other prefill forms (rows ort-native-retrieval, ort-function-scored, ...)
         files["retrieval"] = ExportOptions(mixer_op="retrieval")
+        files["scored"] = ExportOptions(mixer_op="scored")
     if kind == "standard":
         files = {"decomposed": ExportOptions(decomposed=True)}
     backends, exports = [], {}

@@ -183,6 +183,7 @@ def _engine_record(engine: Path, graph: GraphInfo, plugins, shapes):
 
 
 def _tensorrt_plan(o, graph: GraphInfo, engine: Path | None, meta, shapes, hidden) -> TensorRTPlan:
+    from ..engines.onnx_info import tensorrt_refusal
     from ..runners.trt import choose_backend, engine_not_run_reason, tensorrt_unavailable
 
     if not o.tensorrt:
@@ -195,6 +196,9 @@ def _tensorrt_plan(o, graph: GraphInfo, engine: Path | None, meta, shapes, hidde
     if graph.decode:
         return TensorRTPlan("decode graphs are checked on ONNX Runtime only (no in-memory engine profile for the "
                             "past inputs)")
+    refusal = tensorrt_refusal(graph.exported)  # a --mixer-op scored file: ONNX Runtime only
+    if refusal is not None:
+        return TensorRTPlan(refusal)
     # The engine built here is strongly typed: it computes in the graph's precision, which
     # --dtype cannot change (refused on every machine, whether or not TensorRT is installed).
     if o.dtype is not None and looser(o.dtype, graph.precision) != graph.precision:

@@ -22,7 +22,7 @@ from .backends import BACKENDS, Backend, get_backend
 from .loaders import CreateConfig, EngineFromNetwork, EngineInspection, LoadPlugins, NetworkFromOnnx, SaveEngine
 from .loaders import make_logger
 from .metadata import EngineMetadata, FileRecord, metadata_path, read_metadata
-from .onnx_info import OnnxInfo, read_onnx
+from .onnx_info import OnnxInfo, read_onnx, unimportable
 from .profiles import DIM_NAMES, DimRange, default_ranges, input_profiles, parse_profile
 from .targets import cc_text, check_compute_capabilities, parse_compute_capabilities
 
@@ -109,6 +109,7 @@ def build_engine(onnx_path: str | os.PathLike, out_plan: str | os.PathLike, dtyp
     # Opened once, without its weights (the parser reads them from the file): its checked
     # external-data files join the inputs no output may be.
     graph = ExportedGraph.open(onnx_path)
+    unimportable(graph)  # a --mixer-op scored file: refused without TensorRT installed too
     inputs = [*graph.files, *libs]
     # The whole output set, before building: plan, metadata and timing cache are each a new or
     # regular file, none of them the ONNX model or a plugin (the cache once replaced the model).

@@ -13,7 +13,11 @@ plugin_namespace attributes), which is what `--plugins` asks for.
 
 An op without a plugin (contracts.OpContract.plugin False: SourceViews) has one
 fixed-arity body per file, so it keeps it and the parser imports it as standard
-layers.
+layers. A variadic op without a plugin (ScoredMixer, `--mixer-op scored`) has one
+body per arity under one name: the parser picks one body for every node and refuses
+the others (`node.input().size() == function.input().size()`, TensorRT-RTX 1.7),
+so `build` refuses such a file before TensorRT is loaded and `check` plans no engine for it
+(`tensorrt_refusal`).
 """
 
 from __future__ import annotations
@@ -38,12 +42,32 @@ class OnnxInfo:
     parser_bytes: bytes = b""  # the model for the TensorRT parser (plugin ops' function bodies removed)
 
 
+def tensorrt_refusal(graph: ExportedGraph) -> str | None:
+    """Why TensorRT's parser cannot import `graph`, in one line, or None: a variadic op with no plugin
+    (one function body per source count, which the parser cannot tell apart)."""
+    bodies_per_arity = {name for name, c in CONTRACTS.items() if not c.plugin and any(p.variadic for p in c.inputs)}
+    ops = sorted(op for op in graph.custom_ops if op in bodies_per_arity)
+    if not ops:
+        return None
+    return (f"{graph.path.name} has {', '.join(f'msar::{op}' for op in ops)} nodes (an `export --mixer-op scored` "
+            "file, for ONNX Runtime): TensorRT has no plugin for them and its parser cannot import their "
+            "per-source-count function bodies; re-export with --mixer-op fused for TensorRT")
+
+
+def unimportable(graph: ExportedGraph) -> None:
+    """OnnxModelError with tensorrt_refusal's line, if it has one."""
+    why = tensorrt_refusal(graph)
+    if why is not None:
+        raise OnnxModelError(why)
+
+
 def read_onnx(graph: ExportedGraph | str | os.PathLike) -> OnnxInfo:
     """What the builder needs from `graph`, an opened ExportedGraph (or a path, opened here):
     its inputs, max_seq_len (msar.config, checked) and the parser's bytes, which keep the
     skeleton's references to the weights in the file itself (the parser reads them, given the path)."""
     if not isinstance(graph, ExportedGraph):
         graph = ExportedGraph.open(graph)  # OnnxModelError: missing, empty, truncated, not ONNX, data outside
+    unimportable(graph)  # for a caller that did not ask tensorrt_refusal first
     inputs = []
     for v in graph.inputs:
         for i, d in enumerate(v.dims):

@@ -10,9 +10,11 @@ import torch
 
 from ..model.layers import f32
 from ..model.lm import DepthPath, EagerDepthPath
-from ..contracts import DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SOURCE_VIEWS, STREAM_GATE
+from ..contracts import (DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES, SOURCE_VIEWS,
+                         STREAM_GATE)
 
 CONV_TAPS = "conv_taps_"  # graphs.py: source i's SourceViews taps are the buffer conv_taps_{i}
+MIXER_QUERIES = "mixer_queries_"  # graphs.py: the queries of the mixers after source i (SourceScores)
 
 
 def pack_conv_rows(convs_per_source) -> torch.Tensor:
@@ -25,6 +27,16 @@ def pack_conv_rows(convs_per_source) -> torch.Tensor:
 
 def conv_taps_name(i: int) -> str:
     return f"{CONV_TAPS}{i}"
+
+
+def mixer_queries_name(i: int) -> str:
+    return f"{MIXER_QUERIES}{i}"
+
+
+def later_queries(query_of, i: int, n_sublayers: int) -> torch.Tensor:
+    """(P, m, d), P = L+1-i: the pseudo-queries of mixers i+1..L+1, the mixers that read source i
+    (SourceScores' queries). query_of(j) gives mixer j's (m, d) query."""
+    return torch.stack([query_of(j) for j in range(i + 1, n_sublayers + 2)])
 
 
 def pack_conv_weights(model) -> torch.Tensor:
@@ -81,6 +93,44 @@ class FusedMixerPath(DepthPath):
             f"{DOMAIN}::{FUSED_MIXER.name}",
             [mixer.query, mixer.gate.weight, mixer.gate.bias, mixer.gate_scale, self.conv_bank, *self.sources],
             FUSED_MIXER.attribute_values(cfg), dtype=x0.dtype, shape=x0.shape, version=DOMAIN_VERSION,
+        )
+
+
+def source_scores_op(conv_taps: torch.Tensor, queries: torch.Tensor, x: torch.Tensor, cfg) -> torch.Tensor:
+    """Source x (B, T, d) -> its scores (P, B, T, m) float32 for the P mixers of `queries` (one
+    SourceScores node); taps, queries and x share the model's dtype (the op's type variable)."""
+    B, T, _ = x.shape
+    shape = (queries.shape[0], B, T, len(cfg.stream_kernels))
+    return torch.onnx.ops.symbolic(
+        f"{DOMAIN}::{SOURCE_SCORES.name}", [conv_taps, queries, x], SOURCE_SCORES.attribute_values(cfg),
+        dtype=torch.float32, shape=shape, version=DOMAIN_VERSION,
+    )
+
+
+class ScoredMixerPath(DepthPath):
+    """msar prefill, `--mixer-op scored`: each source's scores against every later mixer's query
+    are made once, when it appears (one SourceScores node), and every mixer is one ScoredMixer
+    node over the raw sources and its row of each earlier source's scores: FusedMixer's work
+    less its scoring pass, which recomputed every earlier source's views for each mixer."""
+
+    def __init__(self, model, history, source_mask, conv_bank: torch.Tensor, conv_taps: list, queries: list):
+        super().__init__(model, history, source_mask)
+        self.conv_bank, self.conv_taps, self.queries = conv_bank, conv_taps, queries  # graphs.py's buffers
+        self.sources: list[torch.Tensor] = []
+        self.scores: list[torch.Tensor] = []  # source i: (L+1-i, B, T, m), row p for mixer i+1+p
+
+    def add_source(self, i, x):
+        self.sources.append(x)
+        self.scores.append(source_scores_op(self.conv_taps[i], self.queries[i], x, self.model.cfg))
+
+    def mix(self, l):
+        mixer, cfg = self.model.mixers[str(l)], self.model.cfg
+        x0 = self.sources[0]
+        scores = torch.cat([s[l - 1 - i : l - i] for i, s in enumerate(self.scores)], dim=0)  # (l, B, T, m)
+        gate = [p.to(x0.dtype) for p in (mixer.gate.weight, mixer.gate.bias, mixer.gate_scale)]
+        return torch.onnx.ops.symbolic(
+            f"{DOMAIN}::{SCORED_MIXER.name}", [*gate, self.conv_bank, scores, *self.sources],
+            SCORED_MIXER.attribute_values(cfg), dtype=x0.dtype, shape=x0.shape, version=DOMAIN_VERSION,
         )
 
 

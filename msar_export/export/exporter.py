@@ -39,7 +39,7 @@ def trace_to_ir(model, opts: ExportOptions, weights=None) -> ir.Model:
     # --decomposed traces the custom-op graph too and inlines the function bodies
     # afterwards (inline_functions): torch.export then sees one node per mixer,
     # not one group per (mixer, source) pair, which made its time quadratic in depth.
-    module = graph_cls(model, custom_ops=True, fused=opts.mixer_op == "fused").eval()
+    module = graph_cls(model, custom_ops=True, mixer_op=opts.mixer_op).eval()
     spec = GraphSpec(model.cfg, opts.decode)
     in_names, out_names = spec.input_names, spec.output_names
     # The exporter prints progress and warnings of its own; keep the CLI's output ours.

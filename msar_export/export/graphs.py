@@ -9,17 +9,20 @@ import torch
 import torch.nn as nn
 
 from ..model.lm import DecodeCache
-from .custom_paths import FusedMixerPath, RetrievalOpPath, conv_taps_name, pack_conv_rows, pack_conv_weights
+from .custom_paths import (FusedMixerPath, RetrievalOpPath, ScoredMixerPath, conv_taps_name, later_queries,
+                           mixer_queries_name, pack_conv_rows, pack_conv_weights)
 
 
 class _Graph(nn.Module):
-    def __init__(self, model, custom_ops: bool, fused: bool = True):
+    """mixer_op: how an msar prefill graph mixes (ExportOptions.mixer_op); other graphs ignore it."""
+
+    def __init__(self, model, custom_ops: bool, mixer_op: str = "fused"):
         super().__init__()
         self.model = model
         self.custom_ops = custom_ops and model.cfg.residual != "standard"
-        self.fused = fused
-        if self.custom_ops and fused and model.cfg.residual == "msar":
-            # One initializer shared by every FusedMixer node; each reads its first n rows.
+        self.mixer_op = mixer_op
+        if self.custom_ops and mixer_op in ("fused", "scored") and model.cfg.residual == "msar":
+            # One initializer shared by every FusedMixer / ScoredMixer node; each reads its first n rows.
             self.register_buffer("conv_bank", pack_conv_weights(model).detach().clone())
         self.n_taps = 0
         if self.custom_ops and model.cfg.residual == "msar" and model.cfg.conv_kernels:
@@ -28,14 +31,24 @@ class _Graph(nn.Module):
                 rows = pack_conv_rows([model.sources[str(i)].conv.values()])[0]
                 self.register_buffer(conv_taps_name(i), rows.detach().clone())
             self.n_taps = model.cfg.n_sublayers + 1
+        if self.custom_ops and mixer_op == "scored" and model.cfg.residual == "msar":
+            # Per source i, the queries of the mixers that read it (SourceScores), in the model's dtype.
+            L = model.cfg.n_sublayers
+            for i in range(L + 1):
+                queries = later_queries(lambda j: model.mixers[str(j)].query, i, L)
+                self.register_buffer(mixer_queries_name(i), queries.detach().clone())
 
     def path_cls(self, prefill: bool):
         if not self.custom_ops:
             return None
-        if prefill and self.fused and self.model.cfg.residual == "msar":
+        msar_prefill = prefill and self.model.cfg.residual == "msar"
+        if msar_prefill and self.mixer_op == "fused":
             return functools.partial(FusedMixerPath, conv_bank=self.conv_bank)
+        taps = [getattr(self, conv_taps_name(i)) for i in range(self.n_taps)]
+        if msar_prefill and self.mixer_op == "scored":
+            queries = [getattr(self, mixer_queries_name(i)) for i in range(self.model.cfg.n_sublayers + 1)]
+            return functools.partial(ScoredMixerPath, conv_bank=self.conv_bank, conv_taps=taps, queries=queries)
         if self.n_taps:
-            taps = [getattr(self, conv_taps_name(i)) for i in range(self.n_taps)]
             return functools.partial(RetrievalOpPath, conv_taps=taps)
         return RetrievalOpPath
 

@@ -11,6 +11,9 @@ from ..contracts import DOMAIN
 from ..verdict import PRECISIONS
 
 
+MIXER_OPS = ("fused", "retrieval", "scored")  # ExportOptions.mixer_op, `export --mixer-op`
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     decode: bool = False
@@ -20,14 +23,18 @@ class ExportOptions:
     # msar prefill: "fused" = one FusedMixer node per mixer (views recomputed from
     # raw sources inside the op: the TensorRT plugin's fast path); "retrieval" =
     # views expanded once per source in standard ops + DepthRetrieval nodes
-    # (faster in ONNX Runtime, whose inlined function bodies cannot share work).
+    # (faster in ONNX Runtime, whose inlined function bodies cannot share work);
+    # "scored" = each source's scores against every later mixer made once
+    # (SourceScores) + one ScoredMixer node per mixer (ONNX Runtime; TensorRT
+    # has no plugin for them: `build` refuses the file).  Decode graphs and
+    # attnres/standard models keep their one form whatever this says.
     mixer_op: str = "fused"
     # Weights in `<output>.data` beside the .onnx file; always so over protobuf's 2 GB.
     external_data: bool = False
 
     def __post_init__(self):
-        if self.mixer_op not in ("fused", "retrieval"):
-            raise InputError(f"--mixer-op must be fused or retrieval, got {self.mixer_op!r}")
+        if self.mixer_op not in MIXER_OPS:
+            raise InputError(f"--mixer-op must be one of {', '.join(MIXER_OPS)}, got {self.mixer_op!r}")
         if self.dtype not in PRECISIONS:
             raise InputError(f"--dtype must be one of {list(PRECISIONS)}, got {self.dtype!r}")
         if not 18 <= self.opset <= 23:

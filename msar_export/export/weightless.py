@@ -77,19 +77,26 @@ class LazyWeights:
 
         return pack_conv_rows([self.source_convs(i)])[0]
 
+    def mixer_queries(self, i: int) -> torch.Tensor:
+        from .custom_paths import later_queries
+
+        return later_queries(lambda j: self.read(f"mixers.{j}.query"), i, self.cfg.n_sublayers)
+
     def loader(self, value_name: str, tensor_name: str):
-        from .custom_paths import CONV_TAPS
+        from .custom_paths import CONV_TAPS, MIXER_QUERIES
 
         if value_name == CONV_BANK:
             return lambda: _ir_tensor(self.conv_bank(), tensor_name)
-        if value_name.startswith(CONV_TAPS) and value_name[len(CONV_TAPS):].isdigit():
-            i = int(value_name[len(CONV_TAPS):])
-            return lambda: _ir_tensor(self.conv_taps(i), tensor_name)
+        for prefix, make in ((CONV_TAPS, self.conv_taps), (MIXER_QUERIES, self.mixer_queries)):
+            if value_name.startswith(prefix) and value_name[len(prefix):].isdigit():
+                i = int(value_name[len(prefix):])
+                return lambda: _ir_tensor(make(i), tensor_name)
         if value_name.startswith(PARAM_PREFIX) and value_name[len(PARAM_PREFIX):] in self.files.entries:
             key = value_name[len(PARAM_PREFIX):]
             return lambda: _ir_tensor(self.read(key), tensor_name)
         raise RuntimeError(f"initializer {value_name!r} of a weightless trace is neither a checkpoint tensor "
-                           "nor a conv bank; the exporter does not know where its values come from")
+                           "nor one derived from them (conv bank, taps, queries): the exporter does not know "
+                           "where its values come from")
 
     def attach(self, model: ir.Model) -> int:
         """Replace every fake initializer of `model` (straight from torch.onnx) by a LazyTensor.
