@@ -1,7 +1,8 @@
 """`msar-export bench --depth-sweep`: how MSAR's cost over a standard model in ONNX Runtime grows
 with depth, next to the multiply-add model of issue 21 (each mixer recomputes its sources'
-views: 36 multiply-adds per channel, source and token; the gate m*m*d per token and mixer),
-native kernels and function bodies side by side, one process, interleaved medians."""
+views: 36 multiply-adds per channel, source and token; the gate m*m*d per token and mixer), and
+of the `--mixer-op scored` graph; native kernels (FusedMixer and scored files) and function
+bodies side by side, one process, interleaved medians."""
 
 from __future__ import annotations
 
@@ -30,7 +31,13 @@ def mac_model(cfg: MSARConfig, T: int) -> dict:
     mixing = pairs * d * (sum(cfg.stream_kernels[1:]) + 3 * m) + (L + 1) * m * m * d
     attention = d * cfg.n_heads * hd * 2 + d * cfg.n_kv_heads * hd * 2 + 2 * T * cfg.n_heads * hd
     rest = cfg.n_blocks * (attention + 3 * d * cfg.mlp_hidden) + cfg.vocab_size * d
-    return {"mixing_macs_per_token": mixing, "rest_macs_per_token": rest, "predicted_ratio": round(1 + mixing / rest, 3)}
+    # --mixer-op scored: each source's views, norms and scores once (SourceScores), each mixer the
+    # views again for the weighted sum only (ScoredMixer), and the gate
+    sources = L + 1
+    scored = (sources * d * (sum(cfg.stream_kernels[1:]) + m) + pairs * m * d
+              + pairs * d * (sum(cfg.stream_kernels[1:]) + m) + sources * m * m * d)
+    return {"mixing_macs_per_token": mixing, "rest_macs_per_token": rest, "predicted_ratio": round(1 + mixing / rest, 3),
+            "scored_mixing_macs_per_token": scored, "predicted_ratio_scored": round(1 + scored / rest, 3)}
 
 
 def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int = 512, threads: int = 2,
@@ -44,17 +51,24 @@ def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int =
     from .run import BenchSettings
 
     base = base or BenchSettings().model
-    hows = ["native", "function"] if native_available() else ["function"]
+    hows = ["native", "scored", "function"] if native_available() else ["function"]
     rows = []
     for n_blocks in depths:
         cfg = dataclasses.replace(base, n_blocks=n_blocks)
         runs = {}
         with tempfile.TemporaryDirectory(prefix="msar-depth-") as tmp:
-            for kind, opts in (("standard", ExportOptions(decomposed=True)), ("msar", ExportOptions())):
-                path = Path(tmp) / f"{kind}.onnx"
+            files = (("standard", ExportOptions(decomposed=True), ["ort"]),
+                     ("msar", ExportOptions(), [h for h in hows if h != "scored"]),
+                     ("msar-scored", ExportOptions(mixer_op="scored"), [h for h in hows if h == "scored"]))
+            for name, opts, file_hows in files:
+                if not file_hows:
+                    continue
+                path = Path(tmp) / f"{name}.onnx"
+                kind = name.split("-")[0]
                 export_model(random_model(dataclasses.replace(cfg, residual=kind)), path, opts, validate=False)
-                for how in (["ort"] if kind == "standard" else hows):
-                    runs[how] = OrtModel(path, threads=threads, ort_ops=None if how == "ort" else how).ort
+                for how in file_hows:
+                    ort_ops = {"ort": None, "scored": "native"}.get(how, how)
+                    runs[how] = OrtModel(path, threads=threads, ort_ops=ort_ops).ort
             ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, T))
             t = interleaved({k: (lambda g=g: g.logits(ids)) for k, g in runs.items()}, 1, repeats)
         std = t["ort"].median_s
@@ -70,17 +84,21 @@ def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int =
 
 def depth_table(res: dict) -> str:
     m = res["machine"]
-    hows = [h for h in ("native", "function") if f"ratio_{h}" in res["rows"][0]]
+    hows = [h for h in ("native", "scored", "function") if f"ratio_{h}" in res["rows"][0]]
+    scored = "predicted_ratio_scored" in res["rows"][0]
     lines = [f"Measured {m['date']} on {m['cpu']} ({m['threads']} threads), onnxruntime {m['onnxruntime']}; random "
              f"models, d_model {res['d_model']}, kernels {res['stream_kernels']}, prefill 1x{res['tokens']}, median "
              f"of {res['repeats']} interleaved runs. Predicted: 1 + mixing / rest multiply-adds (each mixer "
-             "recomputing its views).", "",
+             "recomputing its views" + ("; scored: `--mixer-op scored`, each source's views and scores made once)."
+                                        if scored else ")."), "",
              "| n_blocks | standard ms | " + " | ".join(f"msar {h} ms | msar/standard {h}" for h in hows)
-             + " | predicted | mixing / rest MACs per token |",
-             "| --- | --- | " + " | ".join("--- | ---" for _ in hows) + " | --- | --- |"]
+             + " | predicted | " + ("predicted scored | " if scored else "") + "mixing / rest MACs per token |",
+             "| --- | --- | " + " | ".join("--- | ---" for _ in hows) + " | --- |" + (" --- |" if scored else "")
+             + " --- |"]
     for r in res["rows"]:
         cells = " | ".join(f"{r[f'msar_{h}_ms']} | {r[f'ratio_{h}']}" for h in hows)
-        lines.append(f"| {r['n_blocks']} | {r['standard_ms']} | {cells} | {r['predicted_ratio']} | "
+        pred = f"{r['predicted_ratio']} | " + (f"{r['predicted_ratio_scored']} | " if scored else "")
+        lines.append(f"| {r['n_blocks']} | {r['standard_ms']} | {cells} | {pred}"
                      f"{r['mixing_macs_per_token'] / 1e6:.2f} M / {r['rest_macs_per_token'] / 1e6:.1f} M |")
     return "\n".join(lines)
 
