@@ -3,22 +3,22 @@
  * them once per source). With no scoring pass nothing has to be kept between passes over the
  * sources, so the loops run channel-vector outer and source inner, with z in registers:
  *   0. alpha = the softmax over the sources of each (token, stream)'s scores, [B][T][n][m];
- *   1. per (batch row, group of channel vectors), for a block of tokens: for one vector of channels
- *      and two tokens, z of every stream in registers, summed over the sources; each source's
- *      window rows (kmax + 1 of them) are loaded once into registers and every stream's taps read
- *      from L1 (one vector's taps of all sources: n x K x 64 B). z goes to a block buffer and the
- *      gate logits' partial sums (per group) are taken while it is in registers;
+ *   1. per (batch row, group of kGroup channel vectors), for a block of tokens: every source's rows
+ *      for the group are copied into a contiguous stage (zeros before t = 0), then for one vector
+ *      of channels and two tokens z of every stream stays in registers, summed over the sources;
+ *      each source's window rows (kmax + 1 of them) are loaded once into registers and every
+ *      stream's taps read from L1 (one vector's taps of all sources: n x K x 64 B). z goes to a
+ *      block buffer and the gate logits' partial sums (per group) are taken while it is in registers;
  *   2. per token: the gates from the summed partial logits, h = sum_r g_r z_r.
- * Float32 rows of whole vectors are read where they lie; other sources are converted once per call.
- * The unrolled two-token loop is compiled for stream_kernels [1, 4, 8, 12]; other kernel lists and
- * the first kmax-1 tokens (zeros before t = 0) take a loop with run-time bounds.
+ * Sources that are not float32 rows of whole vectors are converted once per call. The unrolled
+ * two-token loop is compiled for stream_kernels [1, 4, 8, 12]; other kernel lists take a loop with
+ * run-time bounds.
  */
 #include "cpuKernels.h"
 #include "cpuVector.h"
 
 #include <algorithm>
 #include <limits>
-#include <stdexcept>
 
 namespace msar::cpu
 {
@@ -26,7 +26,6 @@ namespace
 {
 
 constexpr int64_t kMaxStreams = 8;
-constexpr int64_t kAhead = 8;                // rows prefetched ahead while staging
 constexpr int64_t kGroup = 4;                // channel vectors per work item of phase 1
 constexpr int64_t kBlock = 64;               // tokens per block: the stage of 17 sources is 330 KB (L2)
 
@@ -137,14 +136,6 @@ void stageGroup(Prepared const& P, int64_t b, int64_t g, float* stage)
                 continue;
             }
             float const* src = P.rows[i] + (b * p.T + t) * P.rs + c0 * kVW;
-            if (t + kAhead < p.T)
-            {
-                for (int64_t v = 0; v < vn; ++v)
-                {
-                    // rows lie a page or more apart, where the hardware prefetchers stop
-                    __builtin_prefetch(src + kAhead * P.rs + v * kVW);
-                }
-            }
             for (int64_t v = 0; v < vn; ++v)
             {
                 vstore(dst + v * kVW, vload(src + v * kVW));
@@ -368,12 +359,11 @@ void scoredMixer(FusedMixerProblem const& p, Parallel const& parallel)
     }
     P.alpha.resize(p.B * p.T * n * m);
     parallel.run(static_cast<std::size_t>(p.B * p.T), 0, softmax, &P);
-    int64_t const block = kBlock;
-    P.z.resize(p.B * std::min(block, p.T) * m * dp);
-    P.logitParts.resize(P.groups * p.B * std::min(block, p.T) * m);
-    for (P.t0 = 0; P.t0 < p.T; P.t0 += block)
+    P.z.resize(p.B * std::min(kBlock, p.T) * m * dp);
+    P.logitParts.resize(P.groups * p.B * std::min(kBlock, p.T) * m);
+    for (P.t0 = 0; P.t0 < p.T; P.t0 += kBlock)
     {
-        P.tn = std::min(block, p.T - P.t0);
+        P.tn = std::min(kBlock, p.T - P.t0);
         parallel.run(static_cast<std::size_t>(p.B * P.groups), 0, phase1, &P);
         parallel.run(static_cast<std::size_t>(p.B * P.tn), 0, phase2, &P);
     }

@@ -114,6 +114,38 @@ void expectGate(char const* op, Input const& gw, Input const& gb, Input const& g
            [&] { return "gate_scale must be a scalar, got " + shapeText(gs.shape); });
 }
 
+//! The node's stream_kernels attribute (FusedMixer, ScoredMixer, SourceViews, SourceScores).
+std::vector<int32_t> streamKernels(OrtKernelInfo const* info)
+{
+    std::vector<int32_t> kernels;
+    for (int64_t k : Ort::ConstKernelInfo(info).GetAttributes<int64_t>("stream_kernels"))
+    {
+        kernels.push_back(static_cast<int32_t>(k));
+    }
+    return kernels;
+}
+
+//! What FusedMixer and ScoredMixer check and take alike: conv_weight [N >= n, K, d], the n sources
+//! from input `fixed` on (each of source 0's shape) into p.sources, and h allocated into p.h.
+void takeSourcesAndOutput(Ort::KernelContext& ctx, char const* op, std::size_t fixed, Input const& cw, int64_t K,
+                          msar::cpu::FusedMixerProblem& p)
+{
+    Input const x0 = input(ctx, fixed);
+    int64_t const n = p.n, d = p.d;
+    expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == K && cw.shape[2] == d, op, [&] { return
+           "conv_weight must be [N >= " + std::to_string(n) + ", K = " + std::to_string(K) + ", d = "
+               + std::to_string(d) + "], got " + shapeText(cw.shape); });
+    for (int64_t i = 0; i < n; ++i)
+    {
+        Input x = input(ctx, fixed + i);
+        expect(x.shape == x0.shape, op, [&] {
+            return "source " + std::to_string(i) + " is " + shapeText(x.shape) + ", source 0 is " + shapeText(x0.shape);
+        });
+        p.sources.push_back(x.data);
+    }
+    p.h = ctx.GetOutput(0, x0.shape).GetTensorMutableRawData();
+}
+
 //! Every port in the registered storage type T; a kernel with float32 ports (the scores) says which.
 struct AllStorageTyped
 {
@@ -132,11 +164,7 @@ struct FusedMixerKernel : AllStorageTyped
     {
         msar::FusedMixerAttrFields defaults;
         mEps = floatAttr(api, info, "eps", defaults.eps);
-        Ort::ConstKernelInfo ki(info);
-        for (int64_t k : ki.GetAttributes<int64_t>("stream_kernels"))
-        {
-            mKernels.push_back(static_cast<int32_t>(k));
-        }
+        mKernels = streamKernels(info);
     }
 
     void compute(Ort::KernelContext& ctx) const
@@ -154,20 +182,9 @@ struct FusedMixerKernel : AllStorageTyped
         expect(q.shape == Shape{m, d}, op,
                [&] { return "query must be [m, d] = " + shapeText({m, d}) + ", got " + shapeText(q.shape); });
         expectGate(op, gw, gb, gs, m, d);
-        expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == K && cw.shape[2] == d, op, [&] { return
-               "conv_weight must be [N >= " + std::to_string(n) + ", K = " + std::to_string(K) + ", d = "
-                   + std::to_string(d) + "], got " + shapeText(cw.shape); });
         msar::cpu::FusedMixerProblem p{mStorage, B, T, d, n, mKernels, mEps, q.data, gw.data, gb.data, gs.data, cw.data,
                                        {}, nullptr};
-        for (int64_t i = 0; i < n; ++i)
-        {
-            Input x = input(ctx, kFixed + i);
-            expect(x.shape == x0.shape, op, [&] {
-                return "source " + std::to_string(i) + " is " + shapeText(x.shape) + ", source 0 is " + shapeText(x0.shape);
-            });
-            p.sources.push_back(x.data);
-        }
-        p.h = ctx.GetOutput(0, x0.shape).GetTensorMutableRawData();
+        takeSourcesAndOutput(ctx, op, kFixed, cw, K, p);
         if (B * T * d > 0)
         {
             msar::cpu::fusedMixer(p, OrtParallel(ctx));
@@ -228,11 +245,7 @@ struct SourceViewsKernel : AllStorageTyped
 
     SourceViewsKernel(OrtApi const&, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
-        Ort::ConstKernelInfo ki(info);
-        for (int64_t k : ki.GetAttributes<int64_t>("stream_kernels"))
-        {
-            mKernels.push_back(static_cast<int32_t>(k));
-        }
+        mKernels = streamKernels(info);
     }
 
     void compute(Ort::KernelContext& ctx) const
@@ -297,11 +310,7 @@ struct ScoredMixerKernel : AllStorageTyped
 
     ScoredMixerKernel(OrtApi const&, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
-        Ort::ConstKernelInfo ki(info);
-        for (int64_t k : ki.GetAttributes<int64_t>("stream_kernels"))
-        {
-            mKernels.push_back(static_cast<int32_t>(k));
-        }
+        mKernels = streamKernels(info);
     }
 
     void compute(Ort::KernelContext& ctx) const
@@ -317,22 +326,11 @@ struct ScoredMixerKernel : AllStorageTyped
         int64_t const K = msar::cpu::streamTaps(mKernels).K;
         int64_t const n = static_cast<int64_t>(count - kFixed);
         expectGate(op, gw, gb, gs, m, d);
-        expect(cw.shape.size() == 3 && cw.shape[0] >= n && cw.shape[1] == K && cw.shape[2] == d, op, [&] { return
-               "conv_weight must be [N >= " + std::to_string(n) + ", K = " + std::to_string(K) + ", d = "
-                   + std::to_string(d) + "], got " + shapeText(cw.shape); });
         expect(sc.shape == Shape{n, B, T, m}, op,
                [&] { return "scores must be [n, B, T, m] = " + shapeText({n, B, T, m}) + ", got " + shapeText(sc.shape); });
         msar::cpu::FusedMixerProblem p{mStorage, B, T, d, n, mKernels, 0.F, nullptr, gw.data, gb.data, gs.data, cw.data,
                                        {}, nullptr, static_cast<float const*>(sc.data)};
-        for (int64_t i = 0; i < n; ++i)
-        {
-            Input x = input(ctx, kFixed + i);
-            expect(x.shape == x0.shape, op, [&] {
-                return "source " + std::to_string(i) + " is " + shapeText(x.shape) + ", source 0 is " + shapeText(x0.shape);
-            });
-            p.sources.push_back(x.data);
-        }
-        p.h = ctx.GetOutput(0, x0.shape).GetTensorMutableRawData();
+        takeSourcesAndOutput(ctx, op, kFixed, cw, K, p);
         if (B * T * d > 0)
         {
             msar::cpu::scoredMixer(p, OrtParallel(ctx));
@@ -354,11 +352,7 @@ struct SourceScoresKernel : AllStorageTyped
     SourceScoresKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
         mEps = floatAttr(api, info, "eps", msar::FusedMixerAttrFields{}.eps);
-        Ort::ConstKernelInfo ki(info);
-        for (int64_t k : ki.GetAttributes<int64_t>("stream_kernels"))
-        {
-            mKernels.push_back(static_cast<int32_t>(k));
-        }
+        mKernels = streamKernels(info);
     }
 
     void compute(Ort::KernelContext& ctx) const
