@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DOMAIN = "msar"
-DOMAIN_VERSION = 1
+# 2: SourceViews reads its row of the conv state in place (state, index, source in place of a built
+# window) and ConvState is new. Files of version 1 still load with a version-2 library: their
+# SourceViews nodes find no kernel of their version and ONNX Runtime runs their function bodies.
+DOMAIN_VERSION = 2
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
 
@@ -57,6 +60,7 @@ class OpContract:
     # A TensorRT plugin implements it. False: its function body has one overload per file, which
     # TensorRT's parser imports as standard layers (engines/onnx_info.py keeps that body).
     plugin: bool = True
+    since: int = 1  # the first domain version with this contract (the native kernel's start version)
 
     def overload(self, n_sources: int) -> str:
         """Function overload for a given number of sources: ONNX functions have a
@@ -153,20 +157,24 @@ SOURCE_VIEWS = OpContract(
     name="SourceViews",
     doc=(
         "The m views of one source (MSAR_SPEC 1.1): the source itself and one causal depthwise "
-        "convolution per stream r >= 1, over a window whose first kmax-1 rows are the positions "
-        "before the source's tokens (the convolution state when decoding, zeros at a sequence "
-        "start). Float32 inside, rounded once to T."
+        "convolution per stream r >= 1, over the window [state[index]; source] (kmax-1+T positions), "
+        "read where it lies: no window tensor is built. Float32 inside, rounded once to T."
     ),
     inputs=(
         Port("conv_weight", "[K, d]", "T",
              "this source's taps, one row of FusedMixer's conv_weight: conv_weight[o_r + j, c] is tap j "
              "of stream r for channel c (Conv1d order: tap j multiplies token t-(k_r-1-j))"),
-        Port("window", "[B, kmax-1+T, d]", "T", "kmax-1 rows of history, then the source's T tokens"),
+        Port("state", "[S, B, kmax-1, d]", "T",
+             "kmax-1 positions before each of S sources' tokens: past_conv_state when decoding, zeros "
+             "at a sequence start (S = 1)"),
+        Port("index", "[]", "int64", "the row of state that precedes this source's tokens"),
+        Port("source", "[B, T, d]", "T", "x_i, the source's T tokens"),
     ),
     outputs=(Port("views", "[B, T, m, d]", "T",
                   "views[:, :, 0] = the source's tokens, views[:, :, r] = stream r's convolution"),),
     attributes=(STREAM_KERNELS,),
     plugin=False,
+    since=2,
 )
 
 STREAM_GATE = OpContract(
@@ -183,6 +191,24 @@ STREAM_GATE = OpContract(
     outputs=(MIXER_OUTPUT,),
     attributes=(),
     plugin=False,
+)
+
+CONV_STATE = OpContract(
+    name="ConvState",
+    doc=(
+        "The decode graph's next convolution state: per source i, the last kmax-1 positions of "
+        "[past[i]; x_i], one node for every source at the end of a step (MSAR_SPEC 1.1's causal "
+        "windows carried across calls). Copies only."
+    ),
+    inputs=(
+        Port("past", "[N, B, kmax-1, d]", "T", "past_conv_state: kmax-1 positions of every source"),
+        Port("sources", "[B, T, d]", "T", "x_0 .. x_{N-1} as the views saw them (padding zeroed), N "
+             "(variadic)", variadic=True),
+    ),
+    outputs=(Port("present", "[N, B, kmax-1, d]", "T", "present_conv_state"),),
+    attributes=(),
+    plugin=False,
+    since=2,
 )
 
 SOURCE_SCORES = OpContract(
@@ -226,7 +252,7 @@ SCORED_MIXER = OpContract(
 )
 
 CONTRACTS = {c.name: c for c in (FUSED_MIXER, DEPTH_RETRIEVAL, SOURCE_VIEWS, STREAM_GATE, SOURCE_SCORES,
-                                 SCORED_MIXER)}
+                                 SCORED_MIXER, CONV_STATE)}
 PLUGIN_CONTRACTS = {name: c for name, c in CONTRACTS.items() if c.plugin}
 
 
@@ -235,7 +261,9 @@ def render_markdown() -> str:
     out = [f"# `{DOMAIN}` custom ops (domain version {DOMAIN_VERSION})", "",
            "Generated from `msar_export/contracts.py`; `T` is float32, float16 or bfloat16.", ""]
     for c in CONTRACTS.values():
-        out += [f"## `{DOMAIN}::{c.name}`", "", c.doc, "", "| input | shape | dtype | meaning |", "| --- | --- | --- | --- |"]
+        since = [] if c.since == 1 else [f"Since domain version {c.since}.", ""]
+        out += [f"## `{DOMAIN}::{c.name}`", "", c.doc, "", *since, "| input | shape | dtype | meaning |",
+                "| --- | --- | --- | --- |"]
         out += [f"| `{p.name}`{' (variadic)' if p.variadic else ''} | `{p.shape}` | {p.dtype} | {p.doc} |" for p in c.inputs]
         out += ["", "| output | shape | dtype | meaning |", "| --- | --- | --- | --- |"]
         out += [f"| `{p.name}` | `{p.shape}` | {p.dtype} | {p.doc} |" for p in c.outputs]

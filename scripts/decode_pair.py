@@ -28,7 +28,7 @@ def main() -> None:
     prompt = torch.randint(0, 256, (args.batch, 64))
     runs = [ort_decode_steps(OrtDecoder(p, threads=args.threads, ort_ops=o), prompt, 16)
             for p, o in zip(args.graphs, args.ort_ops)]
-    samples = interleaved_samples(dict(enumerate(runs)), warmup=1, repeats=7, clock=clock)
+    samples = interleaved_samples(dict(enumerate(runs)), warmup=1, repeats=args.repeats, clock=clock)
     times = [[t / 16 * 1e3 for t in samples[i]] for i in range(len(runs))]
     report(args.graphs, times, f"batch {args.batch}, {args.threads} thread(s){' CPU time' if args.cpu_time else ''}",
            "ms/step")
@@ -41,6 +41,7 @@ def parse_pair_args(doc: str, size_flag: str, size_default: int):
     ap.add_argument(size_flag, type=int, default=size_default)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cpu-time", action="store_true")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved runs per graph (default 7)")
     ap.add_argument("--ort-ops", nargs="+", default=None, metavar="LIBRARY",
                     help="one per graph: a library path, native or function (default: $MSAR_ORT_OPS for all)")
     args = ap.parse_args()

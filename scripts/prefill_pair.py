@@ -21,7 +21,7 @@ def main() -> None:
     sessions = [open_session(p, threads=args.threads, ort_ops=o) for p, o in zip(args.graphs, args.ort_ops)]
     feeds = {"input_ids": np.random.default_rng(0).integers(0, 256, (1, args.tokens)).astype(np.int64)}
     samples = interleaved_samples({i: lambda s=s: s.run(None, feeds) for i, s in enumerate(sessions)},
-                                  warmup=1, repeats=7, clock=clock)
+                                  warmup=1, repeats=args.repeats, clock=clock)
     times = [[t * 1e3 for t in samples[i]] for i in range(len(sessions))]
     report(args.graphs, times, f"1x{args.tokens}, {args.threads} thread(s){' CPU time' if args.cpu_time else ''}", "ms")
 

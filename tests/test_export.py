@@ -12,7 +12,7 @@ import torch
 
 from conftest import load_cfg, load_tensors, make_checkpoint, trained_checkpoint
 from msar_export import generate, load_checkpoint
-from msar_export.contracts import CONTRACTS, DOMAIN
+from msar_export.contracts import CONTRACTS, DOMAIN, DOMAIN_VERSION
 from msar_export.export import ExportOptions, export_checkpoint
 from msar_export.runtime import OrtDecoder, OrtModel
 from msar_export.verdict import rel_err
@@ -153,15 +153,17 @@ def test_custom_nodes_carry_plugin_attributes_and_function_bodies(ckpts, exporte
     L = 2 * cfg["n_blocks"]
     views = [n for n in nodes if n.op_type == "SourceViews"]
     gates = [n for n in nodes if n.op_type == "StreamGate"]
-    nodes = [n for n in nodes if n.op_type not in ("SourceViews", "StreamGate")]
+    states = [n for n in nodes if n.op_type == "ConvState"]
+    nodes = [n for n in nodes if n.op_type not in ("SourceViews", "StreamGate", "ConvState")]
     assert [n.op_type for n in nodes] == [op] * (L + 1)
     # msar's retrieval graphs expand each source once, with its own taps, and gate each mixer in
-    # one node; the others never
+    # one node; the others never. An msar decode graph keeps its next conv state in one node.
     per_source = L + 1 if op == "DepthRetrieval" and ckpt == "msar" else 0
     assert len(views) == len(gates) == per_source
+    assert len(states) == (ckpt == "msar" and variant == "decode")
     contract = CONTRACTS[op]
     model_opset = {o.domain: o.version for o in m.opset_import}
-    assert model_opset[DOMAIN] == 1
+    assert model_opset[DOMAIN] == DOMAIN_VERSION == 2
     functions = {(f.domain, f.name, f.overload): f for f in m.functions}
     for l, node in enumerate(nodes, start=1):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -176,6 +178,11 @@ def test_custom_nodes_carry_plugin_attributes_and_function_bodies(ckpts, exporte
         assert node.overload == "n0" and (DOMAIN, "SourceViews", "n0") in functions
         assert node.input[0] == f"conv_taps_{i}" and node.input[0] in inits
         assert [a.name for a in node.attribute] == ["stream_kernels"]
+        # decode: source i's row of the state input itself, no Gather/Split/Concat in between
+        assert (node.input[1] == "past_conv_state") == (variant == "decode")
+    for node in states:
+        assert node.overload == f"n{L + 1}" and node.input[0] == "past_conv_state"
+        assert node.output[0] == "present_conv_state" and len(node.input) == L + 2
     retrieved = {n.output[0] for n in nodes}
     for node in gates:  # each gates one mixer's retrieval
         assert node.overload == "n0" and (DOMAIN, "StreamGate", "n0") in functions and not node.attribute

@@ -12,7 +12,8 @@ import torch
 from ort_ops_fixtures import ort_ops_library  # noqa: F401  (fixture)
 
 from msar_export import kernels as K
-from msar_export.bench.mixer import depth_retrieval_model, fused_mixer_model, source_views_model, stream_gate_model
+from msar_export.bench.mixer import (conv_state_model, depth_retrieval_model, fused_mixer_model, source_views_model,
+                                    stream_gate_model)
 from msar_export.runners.ort_runner import open_session
 from msar_export.verdict import rel_err
 
@@ -134,10 +135,11 @@ VIEWS_CASES = [  # (kernels, B, T, d)
 ]
 
 
-def run_views(taps, window, kernels, precision, ort_ops):
+def run_views(taps, state, index, source, kernels, precision, ort_ops):
     _, nptype = DTYPES[precision]
-    model = source_views_model(window.shape[-1], kernels, dtype=DTYPES[precision][0])
-    feeds = {"conv_weight": taps.numpy().astype(nptype), "window": window.numpy().astype(nptype)}
+    model = source_views_model(source.shape[-1], kernels, dtype=DTYPES[precision][0])
+    feeds = {"conv_weight": taps.numpy().astype(nptype), "state": state.numpy().astype(nptype),
+             "index": np.array(index, np.int64), "source": source.numpy().astype(nptype)}
     return session(model, ort_ops).run(["views"], feeds)[0]
 
 
@@ -147,19 +149,50 @@ def test_source_views_match_float64(ort_ops_library, case, precision):
     kernels, B, T, d = case
     g = torch.Generator().manual_seed(T + d)
     taps = 0.5 * torch.randn(sum(kernels[1:]), d, generator=g)
-    window = torch.randn(B, max(kernels) - 1 + T, d, generator=g)  # history rows are real values, not zeros
+    state = torch.randn(3, B, max(kernels) - 1, d, generator=g)  # real values, not zeros; row 1 is this source's
+    source = torch.randn(B, T, d, generator=g)
     t = getattr(torch, precision)
-    ref = K.reference_source_views64(taps.to(t), window.to(t), kernels).numpy()
-    native = run_views(taps, window, kernels, precision, ort_ops_library)
-    function = run_views(taps, window, kernels, precision, "function")
+
+    def ref(taps=taps, state=state, index=1, source=source):
+        return K.reference_source_views64(taps.to(t), state.to(t), index, source.to(t), kernels).numpy()
+
+    native = run_views(taps, state, 1, source, kernels, precision, ort_ops_library)
+    function = run_views(taps, state, 1, source, kernels, precision, "function")
     assert native.dtype == np.dtype(precision) and native.shape == (B, T, len(kernels), d)
-    assert rel_err(native, ref) <= BOUND[precision], rel_err(native, ref)
-    assert rel_err(function, ref) <= BOUND[precision], rel_err(function, ref)
-    # negative controls: 2% on the taps, and the window read one row late
-    off = K.reference_source_views64((taps * 1.02).to(t), window.to(t), kernels).numpy()
-    assert rel_err(native, off) > 5 * BOUND[precision], rel_err(native, off)
+    assert rel_err(native, ref()) <= BOUND[precision], rel_err(native, ref())
+    assert rel_err(function, ref()) <= BOUND[precision], rel_err(function, ref())
+    # negative controls: 2% on the taps, another row of the state, and the window read one row late
+    assert rel_err(native, ref(taps=taps * 1.02)) > 5 * BOUND[precision]
+    assert rel_err(native, ref(index=2)) > 1e-3
+    window = torch.cat([state[1], source], dim=1)
     late = torch.cat([window[:, :1], window[:, :-1]], dim=1)
-    assert rel_err(native, K.reference_source_views64(taps.to(t), late.to(t), kernels).numpy()) > 1e-2
+    H = state.shape[2]
+    assert rel_err(native, ref(state=late[None, :, :H], index=0, source=late[:, H:])) > 1e-2
+
+
+# (n, B, T, kmax-1, d): a decode step; a prompt longer than the state; fewer tokens than the state keeps
+CONV_STATE_CASES = [(17, 1, 1, 11, 64), (3, 2, 37, 11, 37), (4, 3, 2, 7, 16), (2, 1, 5, 0, 8)]
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("case", CONV_STATE_CASES, ids=lambda c: "n{}B{}T{}H{}d{}".format(*c))
+def test_conv_state_matches_float64(ort_ops_library, case, precision):
+    n, B, T, H, d = case
+    g = torch.Generator().manual_seed(n + T + H)
+    t, nptype = getattr(torch, precision), DTYPES[precision][1]
+    past = torch.randn(n, B, H, d, generator=g).to(t)
+    sources = [torch.randn(B, T, d, generator=g).to(t) for _ in range(n)]
+    ref = K.reference_conv_state64(past, sources).numpy()
+    feeds = {"past": past.numpy().astype(nptype)} | {f"x{i}": x.numpy().astype(nptype) for i, x in enumerate(sources)}
+    model = conv_state_model(n, d, dtype=DTYPES[precision][0])
+    native = session(model, ort_ops_library).run(["present"], feeds)[0]
+    function = session(model, "function").run(["present"], feeds)[0]
+    assert native.dtype == np.dtype(precision) and native.shape == (n, B, H, d)
+    # copies: exact
+    assert np.array_equal(native, ref.astype(nptype)) and np.array_equal(function, ref.astype(nptype))
+    if H:  # negative control: the state of the source before (a mixed-up source order) differs
+        rolled = K.reference_conv_state64(past.roll(1, 0), sources[-1:] + sources[:-1]).numpy()
+        assert not np.array_equal(native, rolled.astype(nptype))
 
 
 # (B, T, m, d); d 64: a float32 weight read in place (whole vectors), as in a batch-8 decode step
@@ -198,8 +231,18 @@ def test_bad_shapes_are_one_clear_error(ort_ops_library):
     with pytest.raises(Exception, match="msar::FusedMixer: source 1 is"):
         s.run(["h"], feeds)
     views = session(source_views_model(16, [1, 3, 5]), ort_ops_library)
-    with pytest.raises(Exception, match=r"msar::SourceViews: window must be \[B, kmax-1\+T, d\] with kmax = 5"):
-        views.run(["views"], {"conv_weight": np.zeros((8, 16), np.float32), "window": np.zeros((1, 3, 16), np.float32)})
+    feeds = {"conv_weight": np.zeros((8, 16), np.float32), "state": np.zeros((2, 1, 3, 16), np.float32),
+             "index": np.array(0, np.int64), "source": np.zeros((1, 2, 16), np.float32)}
+    shape = r"state must be \[S, B, kmax-1 = 4, d\] with B, d = 1, 16, got \[2, 1, 3, 16\]"
+    with pytest.raises(Exception, match=r"msar::SourceViews: " + shape):
+        views.run(["views"], feeds)
+    feeds.update(state=np.zeros((2, 1, 4, 16), np.float32), index=np.array(2, np.int64))
+    with pytest.raises(Exception, match=r"msar::SourceViews: index 2 is outside the state's 2 rows"):
+        views.run(["views"], feeds)
+    state = session(conv_state_model(2, 16), ort_ops_library)
+    with pytest.raises(Exception, match=r"msar::ConvState: source 1 is \[1, 3, 16\], source 0 is \[1, 2, 16\]"):
+        state.run(["present"], {"past": np.zeros((2, 1, 4, 16), np.float32), "x0": np.zeros((1, 2, 16), np.float32),
+                                "x1": np.zeros((1, 3, 16), np.float32)})
 
 
 def test_a_changed_kernel_source_makes_the_installed_library_stale(tmp_path):
@@ -217,3 +260,33 @@ def test_a_changed_kernel_source_makes_the_installed_library_stale(tmp_path):
     kernel = copy / "msarOrtOps" / "cpuFusedMixer.cpp"
     kernel.write_text(kernel.read_text().replace("kTile = 32", "kTile = 16"))
     assert sources_digest(copy) != sources_digest(REPO / "plugins")
+
+
+def test_a_domain_version_1_file_runs_its_old_source_views_body(ort_ops_library):
+    """A file exported before domain version 2 has SourceViews(conv_weight, window): with this library
+    registered its node must find no version-2 kernel and run its own function body (here: the window's
+    last T rows as the one view, kernels [1]), not fail on the new kernel's three inputs."""
+    from onnx import TensorProto, helper
+
+    body = helper.make_function(
+        "msar", "SourceViews", ["conv_weight", "window"], ["views"],
+        [helper.make_node("Constant", [], ["axes"], value_ints=[2]),
+         helper.make_node("Unsqueeze", ["window", "axes"], ["views"])],
+        opset_imports=[helper.make_opsetid("", 18)], attributes=["stream_kernels"])
+    node = helper.make_node("SourceViews", ["conv_weight", "window"], ["views"], domain="msar", stream_kernels=[1])
+    graph = helper.make_graph(
+        [node], "v1", [helper.make_tensor_value_info("conv_weight", TensorProto.FLOAT, [0, 8]),
+                       helper.make_tensor_value_info("window", TensorProto.FLOAT, [1, 3, 8])],
+        [helper.make_tensor_value_info("views", TensorProto.FLOAT, [1, 3, 1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("msar", 1)],
+                              functions=[body], ir_version=10)
+    window = np.arange(24, dtype=np.float32).reshape(1, 3, 8)
+    s = open_session(model.SerializeToString(), providers=["cpu"], threads=1, ort_ops=ort_ops_library)
+    assert s.msar_native
+    views = s.run(["views"], {"conv_weight": np.zeros((0, 8), np.float32), "window": window})[0]
+    assert np.array_equal(views, window[:, :, None])
+    # negative control: the same node declared version 2 meets the native kernel's schema, which refuses it
+    model.opset_import[1].version = 2
+    with pytest.raises(Exception, match="SourceViews"):
+        s2 = open_session(model.SerializeToString(), providers=["cpu"], threads=1, ort_ops=ort_ops_library)
+        s2.run(["views"], {"conv_weight": np.zeros((0, 8), np.float32), "window": window})

@@ -174,6 +174,16 @@ def test_build_refuses_a_scored_file_in_one_line(faithful, scored, tmp_path, cap
     assert ("--plugins" in err or "not installed" in err) and "--mixer-op" not in err, err
 
 
+def test_a_decode_file_is_not_refused_for_its_one_conv_state_body(faithful_decode):
+    """ConvState is variadic and has no plugin, like ScoredMixer, but a decode graph has one node of it,
+    so one body, which TensorRT's parser imports as standard layers: no refusal."""
+    from msar_export.engines.onnx_info import tensorrt_refusal
+    from msar_export.graph_file import ExportedGraph
+
+    graph = ExportedGraph.open(faithful_decode[1])
+    assert graph.custom_ops.get("ConvState") == 1 and tensorrt_refusal(graph) is None
+
+
 def test_check_skips_tensorrt_on_a_scored_file_and_says_why(faithful, scored, capsys):
     """`check` plans no engine for a scored file, on any machine: its ONNX Runtime rows still run."""
     ckpt, fused, _ = faithful

@@ -10,10 +10,10 @@ import onnx_ir as ir
 import torch
 
 from ..log import silent
-from ..contracts import (DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES, SOURCE_VIEWS,
-                         STREAM_GATE)
+from ..contracts import (CONV_STATE, DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES,
+                         SOURCE_VIEWS, STREAM_GATE)
 from ..export.custom_paths import pack_conv_rows
-from ..export.functions import (depth_retrieval_function, fused_mixer_function, ir_attributes, scored_mixer_function,
+from ..export.functions import (conv_state_function, depth_retrieval_function, fused_mixer_function, ir_attributes, scored_mixer_function,
                                 source_scores_function, source_views_function, stream_gate_function)
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
@@ -26,10 +26,10 @@ KERNELS = (1, 4, 8, 12)
 def _one_node_model(contract, n: int, fixed: dict, variadic: list, values: dict, function, dtype, opset: int,
                     out_shape: list | None = None) -> ir.Model:
     """One `contract` node: `fixed` inputs by name and shape, n variadic inputs x0.. of shape `variadic`;
-    ports the contract types float32 are float32, the rest `dtype`; the output's shape is
+    ports the contract types float32 or int64 have that type, the rest `dtype`; the output's shape is
     `out_shape` (default: `variadic`)."""
-    port_type = {p.name: ir.TensorType(ir.DataType.FLOAT if p.dtype == "float32" else dtype)
-                 for p in contract.inputs + contract.outputs}
+    fixed_types = {"float32": ir.DataType.FLOAT, "int64": ir.DataType.INT64}
+    port_type = {p.name: ir.TensorType(fixed_types.get(p.dtype, dtype)) for p in contract.inputs + contract.outputs}
     t = ir.TensorType(dtype)
     inputs = [ir.Value(name=k, type=port_type[k], shape=ir.Shape(s)) for k, s in fixed.items()]
     inputs += [ir.Value(name=f"x{i}", type=t, shape=ir.Shape(variadic)) for i in range(n)]
@@ -62,11 +62,17 @@ def depth_retrieval_model(n: int, m: int, d: int, eps: float = 1e-6, opset: int 
 
 
 def source_views_model(d: int, kernels=KERNELS, opset: int = 18, dtype=ir.DataType.FLOAT) -> ir.Model:
-    """A graph of one msar::SourceViews node (inputs conv_weight, window; output views)."""
+    """A graph of one msar::SourceViews node (inputs conv_weight, state, index, source; output views)."""
     values = SOURCE_VIEWS.attribute_values(stream_kernels=kernels)
-    fixed = {"conv_weight": [sum(kernels[1:]), d], "window": ["B", "L", d]}
+    fixed = {"conv_weight": [sum(kernels[1:]), d], "state": ["S", "B", "H", d], "index": [], "source": ["B", "T", d]}
     return _one_node_model(SOURCE_VIEWS, 0, fixed, ["B", "T", len(kernels), d], values,
                            source_views_function(values, d, opset), dtype, opset)
+
+
+def conv_state_model(n: int, d: int, opset: int = 18, dtype=ir.DataType.FLOAT) -> ir.Model:
+    """A graph of one msar::ConvState node (inputs past, x0..x{n-1}; output present)."""
+    return _one_node_model(CONV_STATE, n, {"past": [n, "B", "H", d]}, ["B", "T", d], {},
+                           conv_state_function(n, opset), dtype, opset, out_shape=[n, "B", "H", d])
 
 
 def stream_gate_model(m: int, d: int, opset: int = 18, dtype=ir.DataType.FLOAT) -> ir.Model:

@@ -11,10 +11,10 @@ source count (`n1`, `n2`, ...) under the same name. Without the bodies the
 parser falls back to the plugin registry (name = op_type, plugin_version,
 plugin_namespace attributes), which is what `--plugins` asks for.
 
-An op without a plugin (contracts.OpContract.plugin False: SourceViews) has one
-fixed-arity body per file, so it keeps it and the parser imports it as standard
-layers. A variadic op without a plugin (ScoredMixer, `--mixer-op scored`) has one
-body per arity under one name: the parser picks one body for every node and refuses
+An op without a plugin (contracts.OpContract.plugin False: SourceViews, StreamGate,
+ConvState) has one body per file, so it keeps it and the parser imports it as standard
+layers. A variadic op without a plugin read by nodes of several arities (ScoredMixer,
+`--mixer-op scored`) has one body per arity under one name: the parser picks one body for every node and refuses
 the others (`node.input().size() == function.input().size()`, TensorRT-RTX 1.7),
 so `build` refuses such a file before TensorRT is loaded and `check` plans no engine for it
 (`tensorrt_refusal`).
@@ -43,10 +43,15 @@ class OnnxInfo:
 
 
 def tensorrt_refusal(graph: ExportedGraph) -> str | None:
-    """Why TensorRT's parser cannot import `graph`, in one line, or None: a variadic op with no plugin
-    (one function body per source count, which the parser cannot tell apart)."""
-    bodies_per_arity = {name for name, c in CONTRACTS.items() if not c.plugin and any(p.variadic for p in c.inputs)}
-    ops = sorted(op for op in graph.custom_ops if op in bodies_per_arity)
+    """Why TensorRT's parser cannot import `graph`, in one line, or None: an op with no plugin and more
+    than one function body (one per source count, which the parser cannot tell apart). A variadic op
+    with one node per file (ConvState) has one body, which the parser imports."""
+    plugin_less = {name for name, c in CONTRACTS.items() if not c.plugin}
+    bodies: dict[str, int] = {}
+    for domain, name, _ in graph.functions:
+        if domain == DOMAIN and name in plugin_less:
+            bodies[name] = bodies.get(name, 0) + 1
+    ops = sorted(op for op, count in bodies.items() if count > 1)
     if not ops:
         return None
     return (f"{graph.path.name} has {', '.join(f'msar::{op}' for op in ops)} nodes (an `export --mixer-op scored` "

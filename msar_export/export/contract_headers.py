@@ -63,6 +63,7 @@ def _op_block(c: OpContract) -> list[str]:
     out = [f"// ---- {op} " + "-" * (70 - len(op)), "",
            f'constexpr char const* k{op}Name = "{op}";',
            f"constexpr int32_t k{op}FixedInputs = {c.n_fixed_inputs};",
+           f"constexpr int32_t k{op}SinceVersion = {c.since};",
            "constexpr char const* const k" + op + "FixedInputNames[] = {" + ", ".join(f'"{n}"' for n in fixed) + "};", ""]
     if not c.plugin:  # no plugin creator: the name and the inputs are all the ONNX Runtime kernel needs
         return out

@@ -7,10 +7,11 @@ placeholder), so these paths are used by the exporter alone."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..model.layers import f32
 from ..model.lm import DepthPath, EagerDepthPath
-from ..contracts import (DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES, SOURCE_VIEWS,
+from ..contracts import (CONV_STATE, DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES, SOURCE_VIEWS,
                          STREAM_GATE)
 
 CONV_TAPS = "conv_taps_"  # graphs.py: source i's SourceViews taps are the buffer conv_taps_{i}
@@ -44,13 +45,22 @@ def pack_conv_weights(model) -> torch.Tensor:
     return pack_conv_rows(model.sources[str(i)].conv.values() for i in range(model.cfg.n_sublayers + 1))
 
 
-def source_views_op(conv_taps: torch.Tensor, window: torch.Tensor, cfg) -> torch.Tensor:
-    """(B, kmax-1+T, d) window -> (B, T, m, d) views in the window's dtype (one SourceViews node)."""
-    B, L, d = window.shape
-    shape = (B, L - (cfg.kmax - 1), len(cfg.stream_kernels), d)
+def source_views_op(conv_taps: torch.Tensor, state: torch.Tensor, index: int, x: torch.Tensor, cfg) -> torch.Tensor:
+    """Source x (B, T, d) after row `index` of state (S, B, kmax-1, d) -> (B, T, m, d) views in x's dtype
+    (one SourceViews node)."""
+    B, T, d = x.shape
     return torch.onnx.ops.symbolic(
-        f"{DOMAIN}::{SOURCE_VIEWS.name}", [conv_taps, window], SOURCE_VIEWS.attribute_values(cfg),
-        dtype=window.dtype, shape=shape, version=DOMAIN_VERSION,
+        f"{DOMAIN}::{SOURCE_VIEWS.name}", [conv_taps, state, torch.tensor(index, dtype=torch.int64), x],
+        SOURCE_VIEWS.attribute_values(cfg), dtype=x.dtype, shape=(B, T, len(cfg.stream_kernels), d),
+        version=DOMAIN_VERSION,
+    )
+
+
+def conv_state_op(past: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
+    """past (N, B, kmax-1, d) and the N masked sources -> present (N, B, kmax-1, d) (one ConvState node)."""
+    return torch.onnx.ops.symbolic(
+        f"{DOMAIN}::{CONV_STATE.name}", [past, *(x.to(past.dtype) for x in sources)], {}, dtype=past.dtype, shape=past.shape,
+        version=DOMAIN_VERSION,
     )
 
 
@@ -145,13 +155,29 @@ class RetrievalOpPath(EagerDepthPath):
     def __init__(self, model, history, source_mask, conv_taps=None):
         super().__init__(model, history, source_mask)
         self.conv_taps = conv_taps  # [K, d] per source (graphs.py), None: no conv streams
+        self.sources: list[torch.Tensor] = []  # masked, for ConvState
+        self.zeros = None  # the history at a sequence start
 
     def expand(self, i, x):
         if self.conv_taps is None:
             return super().expand(i, x)
-        window = self.window(i, self.masked(x))
-        self.record_conv_state(window)
-        return source_views_op(self.conv_taps[i], window, self.model.cfg)
+        x = self.masked(x)
+        self.sources.append(x)
+        if self.history is not None:  # the node reads its row of the state where it lies (no Gather, no Split)
+            return source_views_op(self.conv_taps[i], self.history.to(x.dtype), i, x, self.model.cfg)
+        if self.zeros is None:  # a sequence start: one (1, B, kmax-1, d) zero state, shared. A Pad of an
+            # empty slice, not zeros of a computed shape: float16 converters retype Pad's input (DepthPath.window)
+            self.zeros = F.pad(x[:, :0], (0, 0, self.model.cfg.kmax - 1, 0)).unsqueeze(0)
+        return source_views_op(self.conv_taps[i], self.zeros, 0, x, self.model.cfg)
+
+    def conv_state(self):
+        # One ConvState node at the end of a step, where a Concat (the window) and a Slice (its tail)
+        # per source, and a stack of the tails, cost a decode step more than its views (docs/ort_kernels.md).
+        if self.conv_taps is None:
+            return super().conv_state()
+        if self.history is None:
+            return None  # a prefill graph: no state output
+        return conv_state_op(self.history, self.sources)
 
     def add_source(self, i, x):
         # No keys: the op normalises them itself. Views in the model's dtype, as SourceViews makes msar's

@@ -3,7 +3,9 @@ ONNX Runtime runs a file that holds `msar::*` nodes unchanged.
 
 Bodies are generated per number of sources (the op is variadic, an ONNX
 function's input list is not) and registered as overloads `n{count}` of one
-function name (SourceViews, StreamGate and SourceScores, not variadic: one overload, `n0`).  Everything runs in float32 and is cast back to the input type.
+function name (SourceViews, StreamGate and SourceScores, not variadic: one overload, `n0`;
+ConvState, variadic but one node per decode graph: one overload).  Everything runs in float32
+and is cast back to the input type.
 
 A body has the same nodes whatever the number of sources n: the n variadic
 inputs enter one Concat and everything after it works on the stacked tensor.
@@ -18,8 +20,8 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnx_ir.tape import Tape
 
-from ..contracts import (DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES, SOURCE_VIEWS, STREAM_GATE,
-                         OpContract)
+from ..contracts import (CONV_STATE, DEPTH_RETRIEVAL, DOMAIN, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES, SOURCE_VIEWS,
+                         STREAM_GATE, OpContract)
 
 FLOAT = ir.DataType.FLOAT
 _IR_TYPES = {"INTS": ir.AttributeType.INTS, "INT": ir.AttributeType.INT, "FLOAT": ir.AttributeType.FLOAT,
@@ -175,18 +177,19 @@ def source_scores_function(values: dict, d: int, opset: int) -> ir.Function:
 
 
 def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
-    """window (B, kmax-1+T, d) channels first as (B, d, 1, kmax-1+T); stream r is one depthwise 2-D
-    Conv (height 1: ONNX Runtime's depthwise path, model/mixing.py _merged_conv) over the last
-    k_r-1+T positions; the identity is the last T; stacked (B, m, d, T) and transposed to (B, T, m, d).
-    One body per file (width and kernels are the model's), so TensorRT's parser can import it
-    as standard layers."""
-    ins = _inputs(["conv_weight", "window"])
-    taps_in, window_in = ins
+    """The window [state[index]; source] (B, kmax-1+T, d) channels first as (B, d, 1, kmax-1+T); stream r
+    is one depthwise 2-D Conv (height 1: ONNX Runtime's depthwise path, model/mixing.py _merged_conv)
+    over the last k_r-1+T positions; the identity is the last T; stacked (B, m, d, T) and transposed
+    to (B, T, m, d). One body per file (width and kernels are the model's), so TensorRT's parser can
+    import it as standard layers."""
+    ins = _inputs(["conv_weight", "state", "index", "source"])
+    taps_in, state_in, index_in, source_in = ins
     b = _Body()
     kernels = values["stream_kernels"]
     kmax = max(kernels)
     taps = b.Transpose(b.Cast(taps_in, to=FLOAT), perm=[1, 0])  # (d, K)
-    planes = b.Unsqueeze(b.Transpose(b.Cast(window_in, to=FLOAT), perm=[0, 2, 1]), b.ints([2]))  # (B, d, 1, L)
+    window = b.Concat(b.Gather(state_in, index_in, axis=0), source_in, axis=1)
+    planes = b.Unsqueeze(b.Transpose(b.Cast(window, to=FLOAT), perm=[0, 2, 1]), b.ints([2]))  # (B, d, 1, L)
     end = b.ints([2**62])
 
     def last(k):  # the window's last k-1+T positions
@@ -198,9 +201,24 @@ def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
         ys.append(b.Unsqueeze(b.Conv(last(k), w, group=d, kernel_shape=[1, k]), b.ints([1])))
         offset += k
     stacked = b.Squeeze(b.Concat(*ys, axis=1), b.ints([3]))  # (B, m, d, T)
-    out = b.CastLike(b.Transpose(stacked, perm=[0, 3, 1, 2]), window_in)
+    out = b.CastLike(b.Transpose(stacked, perm=[0, 3, 1, 2]), source_in)
     out.name = "views"
     return _function(SOURCE_VIEWS, 0, ins, [out], b, values, opset)
+
+
+def conv_state_function(n: int, opset: int) -> ir.Function:
+    """present (N, B, kmax-1, d): the last kmax-1 positions of [past; stacked sources] along time, taken
+    as a start index (length - (kmax-1)), which stays right when kmax-1 is 0."""
+    ins = _inputs(["past"] + [f"sources_{i}" for i in range(n)])
+    b = _Body()
+    axis0 = b.ints([0])
+    stacked = b.Concat(*[b.Unsqueeze(x, axis0) for x in ins[1:]], axis=0)  # (N, B, T, d)
+    joined = b.Concat(ins[0], stacked, axis=2)  # (N, B, kmax-1+T, d)
+    keep = b.Shape(ins[0], start=2, end=3)
+    start = b.Sub(b.Shape(joined, start=2, end=3), keep)
+    out = b.Slice(joined, start, b.ints([2**62]), b.ints([2]))
+    out.name = "present"
+    return _function(CONV_STATE, n, ins, [out], b, {}, opset)
 
 
 def stream_gate_function(values: dict, d: int, m: int, opset: int) -> ir.Function:
@@ -230,4 +248,6 @@ def function_body(contract: OpContract, n: int, cfg, opset: int) -> ir.Function:
         return source_scores_function(values, cfg.d_model, opset)
     if contract is SCORED_MIXER:
         return scored_mixer_function(n, values, cfg.d_model, opset)
+    if contract is CONV_STATE:
+        return conv_state_function(n, opset)
     return depth_retrieval_function(n, values, opset)

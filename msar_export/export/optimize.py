@@ -120,17 +120,25 @@ def remove_identity_casts(model: ir.Model) -> int:
 
 # Ops whose output has their first input's element type.
 _TYPE_PRESERVING = {"Concat", "Slice", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Expand", "Split",
+                    "Gather",  # SourceViews' row of the state
                     # arithmetic: what the inlined SourceViews / DepthRetrieval / StreamGate bodies end in
                     "Add", "Sub", "Mul", "Div", "MatMul", "Conv", "ReduceSum", "ReduceMean", "Sigmoid", "Sqrt",
                     "Softmax"}
 
 
-def _dtype_of(value: ir.Value, depth: int = 16) -> ir.DataType | None:
+def _dtype_of(value: ir.Value, depth: int = 64) -> ir.DataType | None:
     """The element type of `value`, followed back through type-preserving ops:
     values made by inlining carry no type until shape inference runs."""
     while value.dtype is None and depth > 0:
         node = value.producer()
-        if node is None or node.op_type not in _TYPE_PRESERVING or node.domain not in ("", "ai.onnx"):
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "Cast":  # a body's float32 island: the cast's own target
+            return ir.DataType(node.attributes["to"].as_int())
+        if node.op_type == "CastLike":
+            value, depth = node.inputs[1], depth - 1
+            continue
+        if node.op_type not in _TYPE_PRESERVING:
             return None
         value, depth = node.inputs[0], depth - 1
     return value.dtype

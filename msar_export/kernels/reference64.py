@@ -49,9 +49,10 @@ def reference_depth_retrieval64(query, views, eps):
     return (alpha.unsqueeze(-1) * V).sum(0)
 
 
-def reference_source_views64(conv_weight, window, stream_kernels):
-    """SourceViews in float64: window (B, kmax-1+T, d), taps conv_weight (K, d) -> views (B, T, m, d)."""
-    window, conv_weight = window.double(), conv_weight.double()
+def reference_source_views64(conv_weight, state, index, source, stream_kernels):
+    """SourceViews in float64: source (B, T, d) after state[index] (state: S, B, kmax-1, d), taps
+    conv_weight (K, d) -> views (B, T, m, d)."""
+    window, conv_weight = torch.cat([state[index].double(), source.double()], dim=1), conv_weight.double()
     kmax = max(stream_kernels)
     T = window.shape[1] - (kmax - 1)
     streams, off = [window[:, kmax - 1:]], 0
@@ -60,6 +61,17 @@ def reference_source_views64(conv_weight, window, stream_kernels):
         streams.append(sum(x[:, j:j + T] * conv_weight[off + j] for j in range(k)))  # tap j: token t-(k-1-j)
         off += k
     return torch.stack(streams, dim=2)
+
+
+def reference_conv_state64(past, sources):
+    """ConvState in float64: per source, the last kmax-1 positions of [past[i]; sources[i]], row by row."""
+    keep = past.shape[2]
+    out = torch.empty(past.shape, dtype=torch.float64)
+    for i, x in enumerate(sources):
+        rows = list(past[i].double().unbind(1)) + list(x.double().unbind(1))  # (B, d) per position
+        for r in range(keep):
+            out[i, :, r] = rows[len(rows) - keep + r]
+    return out
 
 
 def _views64(x, conv_weight_row, stream_kernels):

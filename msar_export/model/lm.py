@@ -72,6 +72,10 @@ class DepthPath:
         """Keep the window's last kmax-1 positions (DepthPath.window) for the next step."""
         self.conv_states.append(window[:, window.shape[1] - (self.model.cfg.kmax - 1) :])
 
+    def conv_state(self) -> torch.Tensor | None:
+        """The next convolution state (L+1, B, kmax-1, d), None for a model without one."""
+        return torch.stack(self.conv_states) if self.conv_states else None
+
 
 class ResidualSumPath(DepthPath):
     """`standard`: h_l = sum_{i<l} x_i, kept as a running sum."""
@@ -216,8 +220,7 @@ class MSARLM(nn.Module):
             else:
                 x = layer(h)
         logits = F.linear(self.final_norm(h), self.head_weight())
-        conv = torch.stack(path.conv_states) if path.conv_states else None
-        return logits, DecodeCache(keys, values, conv)
+        return logits, DecodeCache(keys, values, path.conv_state())
 
     def empty_cache(self, batch: int) -> DecodeCache:
         cfg, dev, dt = self.cfg, self.embed.weight.device, self.dtype

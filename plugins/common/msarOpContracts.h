@@ -18,6 +18,7 @@ constexpr char const* kPluginNamespace = "";
 
 constexpr char const* kFusedMixerName = "FusedMixer";
 constexpr int32_t kFusedMixerFixedInputs = 5;
+constexpr int32_t kFusedMixerSinceVersion = 1;
 constexpr char const* const kFusedMixerFixedInputNames[] = {"query", "gate_weight", "gate_bias", "gate_scale", "conv_weight"};
 
 //! The creator's PluginField table: ONNX attribute names and types, in contract order.
@@ -76,6 +77,7 @@ void setFusedMixerKernelAttrs(Args& args, FusedMixerAttrFields const& a)
 
 constexpr char const* kDepthRetrievalName = "DepthRetrieval";
 constexpr int32_t kDepthRetrievalFixedInputs = 1;
+constexpr int32_t kDepthRetrievalSinceVersion = 1;
 constexpr char const* const kDepthRetrievalFixedInputNames[] = {"query"};
 
 //! The creator's PluginField table: ONNX attribute names and types, in contract order.
@@ -123,26 +125,37 @@ void setDepthRetrievalKernelAttrs(Args& args, DepthRetrievalAttrFields const& a)
 // ---- SourceViews -----------------------------------------------------------
 
 constexpr char const* kSourceViewsName = "SourceViews";
-constexpr int32_t kSourceViewsFixedInputs = 2;
-constexpr char const* const kSourceViewsFixedInputNames[] = {"conv_weight", "window"};
+constexpr int32_t kSourceViewsFixedInputs = 4;
+constexpr int32_t kSourceViewsSinceVersion = 2;
+constexpr char const* const kSourceViewsFixedInputNames[] = {"conv_weight", "state", "index", "source"};
 
 // ---- StreamGate ------------------------------------------------------------
 
 constexpr char const* kStreamGateName = "StreamGate";
 constexpr int32_t kStreamGateFixedInputs = 4;
+constexpr int32_t kStreamGateSinceVersion = 1;
 constexpr char const* const kStreamGateFixedInputNames[] = {"gate_weight", "gate_bias", "gate_scale", "z"};
 
 // ---- SourceScores ----------------------------------------------------------
 
 constexpr char const* kSourceScoresName = "SourceScores";
 constexpr int32_t kSourceScoresFixedInputs = 3;
+constexpr int32_t kSourceScoresSinceVersion = 1;
 constexpr char const* const kSourceScoresFixedInputNames[] = {"conv_weight", "queries", "source"};
 
 // ---- ScoredMixer -----------------------------------------------------------
 
 constexpr char const* kScoredMixerName = "ScoredMixer";
 constexpr int32_t kScoredMixerFixedInputs = 5;
+constexpr int32_t kScoredMixerSinceVersion = 1;
 constexpr char const* const kScoredMixerFixedInputNames[] = {"gate_weight", "gate_bias", "gate_scale", "conv_weight", "scores"};
+
+// ---- ConvState -------------------------------------------------------------
+
+constexpr char const* kConvStateName = "ConvState";
+constexpr int32_t kConvStateFixedInputs = 1;
+constexpr int32_t kConvStateSinceVersion = 2;
+constexpr char const* const kConvStateFixedInputNames[] = {"past"};
 
 } // namespace msar
 

@@ -106,15 +106,26 @@ struct DepthRetrievalProblem
     void* z;                         // [B, T, m, d]
 };
 
-//! SourceViews (msar_export/contracts.py): the m views of one source from its window.
+//! SourceViews (msar_export/contracts.py): the m views of one source after its history.
 struct SourceViewsProblem
 {
     Storage storage;
-    int64_t B, T, d;               // T: tokens out; the window has kmax-1+T rows
+    int64_t B, T, d;
     std::vector<int32_t> kernels;  // stream_kernels, first is 1
     void const* conv_weight;       // [K, d]
-    void const* window;            // [B, kmax-1+T, d]
+    void const* history;           // [B, kmax-1, d]: the state's row for this source
+    void const* source;            // [B, T, d]
     void* views;                   // [B, T, m, d]
+};
+
+//! ConvState (msar_export/contracts.py): per source, the last H = kmax-1 positions of [past[i]; x_i].
+struct ConvStateProblem
+{
+    Storage storage;
+    int64_t N, B, H, T, d;
+    void const* past;                  // [N, B, H, d]
+    std::vector<void const*> sources;  // N x [B, T, d]
+    void* present;                     // [N, B, H, d]
 };
 
 //! StreamGate (msar_export/contracts.py): mixer l's scalar stream fusion over its retrieved streams.
@@ -135,6 +146,7 @@ void sourceScores(SourceScoresProblem const& p, Parallel const& parallel);
 void scoredMixer(FusedMixerProblem const& p, Parallel const& parallel);
 void streamGate(StreamGateProblem const& p, Parallel const& parallel);
 void sourceViews(SourceViewsProblem const& p, Parallel const& parallel);
+void convState(ConvStateProblem const& p);
 void depthRetrieval(DepthRetrievalProblem const& p, Parallel const& parallel);
 
 } // namespace msar::cpu

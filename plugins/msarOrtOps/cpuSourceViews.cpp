@@ -1,8 +1,10 @@
 /*
  * SourceViews on the CPU: one work item is one (batch row, tile of tokens). The tile's window rows
- * (kmax-1 before it, then its own) are converted to float32 once (float32 rows of whole vectors are
- * read in place); every stream reads them from L1,
- * and each output row is written once, view by view, in the [B, T, m, d] layout DepthRetrieval reads.
+ * (kmax-1 before it, then its own) come from the history and the source where they lie (float32 rows
+ * of whole vectors; others are converted to float32 once), as two runs of rows. Every
+ * stream reads them from L1, and each output row is written once, view by view, in the [B, T, m, d]
+ * layout DepthRetrieval reads. No [history; source] window is ever built: in a decode step that copy
+ * (a Concat node per source) cost more than the views.
  */
 #include "cpuKernels.h"
 #include "cpuVector.h"
@@ -20,6 +22,7 @@ struct Prepared
 {
     SourceViewsProblem const* p;
     int64_t dp, kmax, tiles;
+    int64_t const* offsets;     // stream r's first tap row
     bool inPlace;               // float32 rows of whole vectors: window and taps read where they lie
     std::vector<float> copied;  // [K][dp] when not in place
     float const* taps;          // [K][dp]
@@ -27,11 +30,34 @@ struct Prepared
 
 thread_local std::vector<float> tWindow, tOut;
 
+//! stream r's taps over window rows first.. of `rows` rows, in two affine runs (a pointer table cost a
+//! load per multiply-add): rows below `split` at lo + row * dp, the rest at hi + (row - split) * dp.
+inline void convRow(float* out, float const* taps, float const* lo, float const* hi, int64_t split, int64_t first,
+                    int64_t k, int64_t dp)
+{
+    int64_t const inLo = std::clamp<int64_t>(split - first, 0, k);
+    float const* a = lo + first * dp;
+    float const* b = hi + (first + inLo - split) * dp;
+    for (int64_t c = 0; c < dp; c += kVW)
+    {
+        vf acc = vf{};
+        for (int64_t j = 0; j < inLo; ++j)
+        {
+            acc += vload(taps + j * dp + c) * vload(a + j * dp + c);
+        }
+        for (int64_t j = inLo; j < k; ++j)
+        {
+            acc += vload(taps + j * dp + c) * vload(b + (j - inLo) * dp + c);
+        }
+        vstore(out + c, acc);
+    }
+}
+
 void tile(Prepared const& P, int64_t item)
 {
     SourceViewsProblem const& p = *P.p;
-    int64_t const dp = P.dp, d = p.d, b = item / P.tiles, t0 = (item % P.tiles) * kTile;
-    int64_t const rows = std::min(kTile, p.T - t0), span = P.kmax - 1 + rows;
+    int64_t const dp = P.dp, d = p.d, b = item / P.tiles, t0 = (item % P.tiles) * kTile, hist = P.kmax - 1;
+    int64_t const rows = std::min(kTile, p.T - t0), span = hist + rows;
     auto const m = static_cast<int64_t>(p.kernels.size());
     if (static_cast<int64_t>(tWindow.size()) < span * dp)
     {
@@ -41,42 +67,34 @@ void tile(Prepared const& P, int64_t item)
     {
         tOut.resize(dp);
     }
-    // window row kmax-1+t is token t; this tile's rows start at window row t0. float32 rows of whole
-    // vectors are read where they lie (a decode step's copies cost more than its arithmetic).
-    int64_t const base = (b * (P.kmax - 1 + p.T) + t0) * d;
-    float const* win = tWindow.data();
+    // Window row w is token t0 + w - (kmax-1): the first `split` rows are history rows t0.., then tokens.
+    int64_t const split = std::max<int64_t>(0, hist - t0);
+    float const* lo = tWindow.data();
+    float const* hi = tWindow.data() + split * dp;
     if (P.inPlace)
     {
-        win = static_cast<float const*>(p.window) + base;
+        hi = static_cast<float const*>(p.source) + (b * p.T + t0 + split - hist) * d;
+        lo = split > 0 ? static_cast<float const*>(p.history) + (b * hist + t0) * d : hi;  // no history rows: unused
     }
     else
     {
-        for (int64_t i = 0; i < span; ++i)
+        for (int64_t w = 0; w < span; ++w)
         {
-            loadRow(tWindow.data() + i * dp, p.window, base + i * d, d, dp, p.storage);
+            int64_t const t = t0 + w - hist;
+            loadRow(tWindow.data() + w * dp, t < 0 ? p.history : p.source,
+                    t < 0 ? (b * hist + hist + t) * d : (b * p.T + t) * d, d, dp, p.storage);
         }
     }
     for (int64_t t = 0; t < rows; ++t)
     {
         int64_t const out = ((b * p.T + t0 + t) * m) * d;
-        float const* self = win + (P.kmax - 1 + t) * dp;
-        storeRow(p.views, out, self, d, p.storage);
-        int64_t offset = 0;
+        int64_t const self = hist + t;
+        storeRow(p.views, out, self < split ? lo + self * dp : hi + (self - split) * dp, d, p.storage);
         for (int64_t r = 1; r < m; ++r)
         {
-            int64_t const k = p.kernels[r];
-            float const* first = self - (k - 1) * dp;  // tap j multiplies token t-(k-1-j)
-            for (int64_t c = 0; c < dp; c += kVW)
-            {
-                vf acc = vf{};
-                for (int64_t j = 0; j < k; ++j)
-                {
-                    acc += vload(P.taps + (offset + j) * dp + c) * vload(first + j * dp + c);
-                }
-                vstore(tOut.data() + c, acc);
-            }
+            int64_t const k = p.kernels[r];  // tap j multiplies token t-(k-1-j), window row self-(k-1)+j
+            convRow(tOut.data(), P.taps + P.offsets[r] * dp, lo, hi, split, self - (k - 1), k, dp);
             storeRow(p.views, out + r * d, tOut.data(), d, p.storage);
-            offset += k;
         }
     }
 }
@@ -88,7 +106,7 @@ void sourceViews(SourceViewsProblem const& p, Parallel const& parallel)
     StreamTaps const st = streamTaps(p.kernels);
     int64_t const K = st.K, kmax = st.kmax;
     int64_t const dp = padded(p.d);
-    Prepared P{&p, dp, kmax, (p.T + kTile - 1) / kTile, p.storage == Storage::kFloat32 && dp == p.d, {}, nullptr};
+    Prepared P{&p, dp, kmax, (p.T + kTile - 1) / kTile, st.offsets, p.storage == Storage::kFloat32 && dp == p.d, {}, nullptr};
     if (P.inPlace)
     {
         P.taps = static_cast<float const*>(p.conv_weight);

@@ -1,6 +1,6 @@
 /*
  * ONNX Runtime custom-op library for the msar ops: FusedMixer, DepthRetrieval,
- * SourceViews, StreamGate, SourceScores and ScoredMixer (msar_export/contracts.py, generated common/msarOpContracts.h),
+ * SourceViews, StreamGate, SourceScores, ScoredMixer and ConvState (msar_export/contracts.py, generated common/msarOpContracts.h),
  * float32, float16 and bfloat16 storage (float32 inside), on the CPU execution provider.
  *
  *   so.register_custom_ops_library("libmsar_ort_ops.so")
@@ -146,10 +146,12 @@ void takeSourcesAndOutput(Ort::KernelContext& ctx, char const* op, std::size_t f
     p.h = ctx.GetOutput(0, x0.shape).GetTensorMutableRawData();
 }
 
-//! Every port in the registered storage type T; a kernel with float32 ports (the scores) says which.
+//! Every port in the registered storage type T; a kernel with float32 ports (the scores) or int64
+//! ports (an index) says which.
 struct AllStorageTyped
 {
     static bool float32Input(std::size_t) { return false; }
+    static bool int64Input(std::size_t) { return false; }
     static constexpr bool kFloat32Output = false;
 };
 
@@ -158,6 +160,7 @@ struct FusedMixerKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kFusedMixerName;
     static constexpr std::size_t kFixed = msar::kFusedMixerFixedInputs;
+    static constexpr int kSince = msar::kFusedMixerSinceVersion;
     static constexpr bool kVariadic = true;
 
     FusedMixerKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
@@ -200,6 +203,7 @@ struct DepthRetrievalKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kDepthRetrievalName;
     static constexpr std::size_t kFixed = msar::kDepthRetrievalFixedInputs;
+    static constexpr int kSince = msar::kDepthRetrievalSinceVersion;
     static constexpr bool kVariadic = true;
 
     DepthRetrievalKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
@@ -241,7 +245,9 @@ struct SourceViewsKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kSourceViewsName;
     static constexpr std::size_t kFixed = msar::kSourceViewsFixedInputs;
+    static constexpr int kSince = msar::kSourceViewsSinceVersion;
     static constexpr bool kVariadic = false;
+    static bool int64Input(std::size_t i) { return i == 2; }  // index
 
     SourceViewsKernel(OrtApi const&, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
@@ -251,17 +257,28 @@ struct SourceViewsKernel : AllStorageTyped
     void compute(Ort::KernelContext& ctx) const
     {
         char const* op = kName;
-        Input cw = input(ctx, 0), w = input(ctx, 1);
+        Input cw = input(ctx, 0), state = input(ctx, 1), index = input(ctx, 2), x = input(ctx, 3);
         msar::cpu::StreamTaps const st = msar::cpu::streamTaps(mKernels);
         int64_t const K = st.K, kmax = st.kmax;
-        expect(w.shape.size() == 3 && w.shape[1] >= kmax - 1, op, [&] {
-            return "window must be [B, kmax-1+T, d] with kmax = " + std::to_string(kmax) + ", got " + shapeText(w.shape);
+        expect(x.shape.size() == 3, op, [&] { return "source must be [B, T, d], got " + shapeText(x.shape); });
+        int64_t const B = x.shape[0], T = x.shape[1], d = x.shape[2];
+        expect(state.shape.size() == 4 && state.shape[1] == B && state.shape[2] == kmax - 1 && state.shape[3] == d, op,
+               [&] {
+                   return "state must be [S, B, kmax-1 = " + std::to_string(kmax - 1) + ", d] with B, d = "
+                          + std::to_string(B) + ", " + std::to_string(d) + ", got " + shapeText(state.shape);
+               });
+        expect(index.shape.empty() || index.shape == Shape{1}, op,
+               [&] { return "index must be a scalar, got " + shapeText(index.shape); });
+        int64_t const row = *static_cast<int64_t const*>(index.data);
+        expect(row >= 0 && row < state.shape[0], op, [&] {
+            return "index " + std::to_string(row) + " is outside the state's " + std::to_string(state.shape[0]) + " rows";
         });
-        int64_t const B = w.shape[0], T = w.shape[1] - (kmax - 1), d = w.shape[2];
+        std::size_t const elem = mStorage == Storage::kFloat32 ? 4 : 2;
+        void const* hist = static_cast<unsigned char const*>(state.data) + row * B * (kmax - 1) * d * elem;
         expect(cw.shape == Shape{K, d}, op,
                [&] { return "conv_weight must be [K, d] = " + shapeText({K, d}) + ", got " + shapeText(cw.shape); });
         auto const m = static_cast<int64_t>(mKernels.size());
-        msar::cpu::SourceViewsProblem p{mStorage, B, T, d, mKernels, cw.data, w.data, nullptr};
+        msar::cpu::SourceViewsProblem p{mStorage, B, T, d, mKernels, cw.data, hist, x.data, nullptr};
         p.views = ctx.GetOutput(0, Shape{B, T, m, d}).GetTensorMutableRawData();
         if (B * T * d > 0)
         {
@@ -273,10 +290,50 @@ struct SourceViewsKernel : AllStorageTyped
     std::vector<int32_t> mKernels;
 };
 
+//! The decode graph's next convolution state, from the past state and every (masked) source.
+struct ConvStateKernel : AllStorageTyped
+{
+    static constexpr char const* kName = msar::kConvStateName;
+    static constexpr std::size_t kFixed = msar::kConvStateFixedInputs;
+    static constexpr int kSince = msar::kConvStateSinceVersion;
+    static constexpr bool kVariadic = true;
+
+    ConvStateKernel(OrtApi const&, OrtKernelInfo const*, Storage storage) : mStorage(storage) {}
+
+    void compute(Ort::KernelContext& ctx) const
+    {
+        char const* op = kName;
+        std::size_t const count = ctx.GetInputCount();
+        expect(count > kFixed, op, [&] { return "needs at least one source"; });
+        Input past = input(ctx, 0), x0 = input(ctx, kFixed);
+        auto const N = static_cast<int64_t>(count - kFixed);
+        expect(x0.shape.size() == 3, op, [&] { return "sources must be [B, T, d], got " + shapeText(x0.shape); });
+        int64_t const B = x0.shape[0], T = x0.shape[1], d = x0.shape[2];
+        expect(past.shape.size() == 4 && past.shape[0] == N && past.shape[1] == B && past.shape[3] == d, op, [&] {
+            return "past must be [N = " + std::to_string(N) + ", B = " + std::to_string(B) + ", kmax-1, d = "
+                   + std::to_string(d) + "], got " + shapeText(past.shape);
+        });
+        msar::cpu::ConvStateProblem p{mStorage, N, B, past.shape[2], T, d, past.data, {}, nullptr};
+        for (int64_t i = 0; i < N; ++i)
+        {
+            Input x = input(ctx, kFixed + i);
+            expect(x.shape == x0.shape, op, [&] {
+                return "source " + std::to_string(i) + " is " + shapeText(x.shape) + ", source 0 is " + shapeText(x0.shape);
+            });
+            p.sources.push_back(x.data);
+        }
+        p.present = ctx.GetOutput(0, past.shape).GetTensorMutableRawData();
+        msar::cpu::convState(p);
+    }
+
+    Storage mStorage;
+};
+
 struct StreamGateKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kStreamGateName;
     static constexpr std::size_t kFixed = msar::kStreamGateFixedInputs;
+    static constexpr int kSince = msar::kStreamGateSinceVersion;
     static constexpr bool kVariadic = false;
 
     StreamGateKernel(OrtApi const&, OrtKernelInfo const*, Storage storage) : mStorage(storage) {}
@@ -304,6 +361,7 @@ struct ScoredMixerKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kScoredMixerName;
     static constexpr std::size_t kFixed = msar::kScoredMixerFixedInputs;
+    static constexpr int kSince = msar::kScoredMixerSinceVersion;
     static constexpr bool kVariadic = true;
     static constexpr std::size_t kScores = kFixed - 1;  // the one float32 input
     static bool float32Input(std::size_t i) { return i == kScores; }
@@ -346,6 +404,7 @@ struct SourceScoresKernel : AllStorageTyped
 {
     static constexpr char const* kName = msar::kSourceScoresName;
     static constexpr std::size_t kFixed = msar::kSourceScoresFixedInputs;
+    static constexpr int kSince = msar::kSourceScoresSinceVersion;
     static constexpr bool kVariadic = false;
     static constexpr bool kFloat32Output = true;
 
@@ -408,7 +467,11 @@ struct Wrapped
 template <typename Kernel>
 struct Op : Ort::CustomOpBase<Op<Kernel>, Wrapped<Kernel>, true>
 {
-    explicit Op(ONNXTensorElementDataType type) : mType(type) {}
+    explicit Op(ONNXTensorElementDataType type) : mType(type)
+    {
+        // A file of an older domain version finds no kernel for a changed op and runs its function body.
+        this->start_ver_ = Kernel::kSince;
+    }
 
     OrtStatusPtr CreateKernelV2(OrtApi const& api, OrtKernelInfo const* info, void** out) const
     {
@@ -430,7 +493,9 @@ struct Op : Ort::CustomOpBase<Op<Kernel>, Wrapped<Kernel>, true>
     std::size_t GetInputTypeCount() const { return Kernel::kFixed + (Kernel::kVariadic ? 1 : 0); }
     ONNXTensorElementDataType GetInputType(std::size_t i) const
     {
-        return Kernel::float32Input(i) ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : mType;
+        return Kernel::float32Input(i) ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+               : Kernel::int64Input(i) ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+                                       : mType;
     }
     OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(std::size_t i) const
     {
@@ -469,6 +534,7 @@ Typed<SourceViewsKernel> const gViews;
 Typed<StreamGateKernel> const gGates;
 Typed<ScoredMixerKernel> const gScoredMixer;
 Typed<SourceScoresKernel> const gScores;
+Typed<ConvStateKernel> const gConvState;
 std::mutex gDomainsLock;
 std::vector<Ort::CustomOpDomain> gDomains;
 
@@ -492,6 +558,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
         gGates.addTo(domain);
         gScoredMixer.addTo(domain);
         gScores.addTo(domain);
+        gConvState.addTo(domain);
         Ort::UnownedSessionOptions(options).Add(domain);
         std::lock_guard<std::mutex> lock(gDomainsLock);
         gDomains.push_back(std::move(domain));
