@@ -38,6 +38,10 @@ void row(Prepared const& P, int64_t item)
     bool const inPlace = p.storage == Storage::kFloat32 && dp == d;
     for (int64_t i = 0; i < p.n; ++i)
     {
+        if (inPlace && i + 1 < p.n)
+        {
+            prefetchRow(static_cast<float const*>(p.views[i + 1]) + item * d, d);
+        }
         float const* v = inPlace ? static_cast<float const*>(p.views[i]) + item * d : tRow.data();
         if (!inPlace)
         {

@@ -75,6 +75,11 @@ void tile(Prepared const& P, int64_t item)
     {
         hi = static_cast<float const*>(p.source) + (b * p.T + t0 + split - hist) * d;
         lo = split > 0 ? static_cast<float const*>(p.history) + (b * hist + t0) * d : hi;  // no history rows: unused
+        if (p.T <= 2)  // decode: cold rows, and the conv loops walk all of them at once, too many streams for
+        {              // the hardware prefetcher (cold decode-size calls: 0.85-0.89x the time with this)
+            prefetchRow(lo, split * dp);
+            prefetchRow(hi, (span - split) * dp);
+        }
     }
     else
     {
@@ -110,6 +115,10 @@ void sourceViews(SourceViewsProblem const& p, Parallel const& parallel)
     if (P.inPlace)
     {
         P.taps = static_cast<float const*>(p.conv_weight);
+        if (p.T <= 2)
+        {
+            prefetchRow(P.taps, K * dp);
+        }
     }
     else
     {

@@ -138,6 +138,16 @@ __attribute__((noinline)) inline void loadGate(void const* weight, void const* b
     loadRow(a, scale, 0, 1, 1, s);
 }
 
+//! Asks for a row of `count` floats ahead of its use: the rows a decode step reads lie in separate
+//! tensors, evicted by the matmuls between them, and too short for the hardware prefetcher to ramp up.
+inline void prefetchRow(float const* row, int64_t count)
+{
+    for (int64_t c = 0; c < count; c += 16)  // one per 64-byte line
+    {
+        __builtin_prefetch(row + c);
+    }
+}
+
 //! q . v and v . v over `dp` padded channels.
 inline void dotAndSquares(float const* q, float const* v, int64_t dp, float& dot, float& squares)
 {
