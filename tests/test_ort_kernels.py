@@ -102,8 +102,10 @@ def test_fused_mixer_eps_and_padding_rows(ort_ops_library):
     assert rel_err(run_mixer(inp, kernels, "float32", ort_ops_library, eps=0.5), small) > 1e-3
 
 
-# (n, m, B, T, d); d 64: float32 rows read in place (whole vectors), as in a batch-8 decode step
-RETRIEVAL_CASES = [(1, 1, 2, 3, 37), (97, 4, 1, 2, 40), (9, 4, 3, 1, 8), (4, 2, 1, 33, 100), (17, 4, 8, 1, 64)]
+# (n, m, B, T, d); d 64: float32 rows read in place (whole vectors), as in a batch-8 decode step;
+# d 128: the same over the size the kernel splits across threads
+RETRIEVAL_CASES = [(1, 1, 2, 3, 37), (97, 4, 1, 2, 40), (9, 4, 3, 1, 8), (4, 2, 1, 33, 100), (17, 4, 8, 1, 64),
+                   (17, 4, 8, 1, 128)]
 
 
 @pytest.mark.parametrize("precision", ["float32", "float16"])
@@ -170,8 +172,9 @@ def test_source_views_match_float64(ort_ops_library, case, precision):
     assert rel_err(native, ref(state=late[None, :, :H], index=0, source=late[:, H:])) > 1e-2
 
 
-# (n, B, T, kmax-1, d): a decode step; a prompt longer than the state; fewer tokens than the state keeps
-CONV_STATE_CASES = [(17, 1, 1, 11, 64), (3, 2, 37, 11, 37), (4, 3, 2, 7, 16), (2, 1, 5, 0, 8)]
+# (n, B, T, kmax-1, d): a decode step; a prompt longer than the state; fewer tokens than the state keeps;
+# no conv streams; a batch-8 step whose float32 state is over the 1 MB the kernel splits across threads
+CONV_STATE_CASES = [(17, 1, 1, 11, 64), (3, 2, 37, 11, 37), (4, 3, 2, 7, 16), (2, 1, 5, 0, 8), (17, 8, 1, 11, 200)]
 
 
 @pytest.mark.parametrize("precision", ["float32", "float16"])

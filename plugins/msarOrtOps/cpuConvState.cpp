@@ -1,8 +1,7 @@
 /*
  * ConvState on the CPU: the decode graph's next convolution state, one node for every source at the
  * end of a step. Per (source, batch row) the last H positions of [past row; the source's T tokens]
- * are copied, bytes as they are (no arithmetic, so no float32 round trip). One thread: a batch-8
- * step's state is a few MB of copies, less than the pool's round trip would save.
+ * are copied, bytes as they are (no arithmetic, so no float32 round trip).
  */
 #include "cpuKernels.h"
 
@@ -10,25 +9,38 @@
 
 namespace msar::cpu
 {
+namespace
+{
 
-void convState(ConvStateProblem const& p)
+void source(ConvStateProblem const& p, int64_t i)
 {
     std::size_t const elem = p.storage == Storage::kFloat32 ? 4 : 2;
     std::size_t const row = static_cast<std::size_t>(p.d) * elem;
     auto* out = static_cast<unsigned char*>(p.present);
     auto const* past = static_cast<unsigned char const*>(p.past);
     int64_t const fromPast = p.H > p.T ? p.H - p.T : 0;  // rows of the past that stay, the newest of them
-    for (int64_t i = 0; i < p.N; ++i)
+    auto const* x = static_cast<unsigned char const*>(p.sources[i]);
+    for (int64_t b = 0; b < p.B; ++b)
     {
-        auto const* x = static_cast<unsigned char const*>(p.sources[i]);
-        for (int64_t b = 0; b < p.B; ++b)
-        {
-            unsigned char* dst = out + static_cast<std::size_t>((i * p.B + b) * p.H) * row;
-            std::memcpy(dst, past + static_cast<std::size_t>((i * p.B + b) * p.H + p.H - fromPast) * row, fromPast * row);
-            int64_t const fromX = p.H - fromPast;  // the source's last fromX tokens
-            std::memcpy(dst + fromPast * row, x + static_cast<std::size_t>(b * p.T + p.T - fromX) * row, fromX * row);
-        }
+        unsigned char* dst = out + static_cast<std::size_t>((i * p.B + b) * p.H) * row;
+        std::memcpy(dst, past + static_cast<std::size_t>((i * p.B + b) * p.H + p.H - fromPast) * row, fromPast * row);
+        int64_t const fromX = p.H - fromPast;  // the source's last fromX tokens
+        std::memcpy(dst + fromPast * row, x + static_cast<std::size_t>(b * p.T + p.T - fromX) * row, fromX * row);
     }
+}
+
+} // namespace
+
+
+void convState(ConvStateProblem const& p, Parallel const& parallel)
+{
+    // Work item: one source's rows of every batch row. A batch-8 step's state is a few MB, cold from
+    // DRAM: two threads read it faster than one; a batch-1 step's is small enough for one.
+    std::size_t const elem = p.storage == Storage::kFloat32 ? 4 : 2;
+    std::size_t const batch = p.N * p.B * p.H * p.d * static_cast<int64_t>(elem) <= (int64_t{1} << 20) ? 1 : 0;
+    parallel.run(static_cast<std::size_t>(p.N), batch,
+                 [](void* data, std::size_t item) { source(*static_cast<ConvStateProblem const*>(data), static_cast<int64_t>(item)); },
+                 const_cast<ConvStateProblem*>(&p));
 }
 
 } // namespace msar::cpu

@@ -69,9 +69,9 @@ void depthRetrieval(DepthRetrievalProblem const& p, Parallel const& parallel)
     {
         loadRow(P.query.data() + r * P.dp, p.query, r * p.d, p.d, P.dp, p.storage);
     }
-    // A decode step's retrieval (one token, n x m x d floats) is over in microseconds: handing it to
-    // the pool costs more than it saves.
-    constexpr int64_t kSerialFloats = int64_t{1} << 18;
+    // A batch-1 decode step's retrieval (one token, n x m x d floats) is over in microseconds: handing
+    // it to the pool costs more than it saves. A batch-8 step's reads cold views for tens of us.
+    constexpr int64_t kSerialFloats = int64_t{1} << 16;
     std::size_t const batch = p.B * p.T * p.m * p.n * p.d <= kSerialFloats ? 1 : 0;
     parallel.run(static_cast<std::size_t>(p.B * p.T * p.m), batch,
                  [](void* data, std::size_t item) { row(*static_cast<Prepared const*>(data), static_cast<int64_t>(item)); },

@@ -146,7 +146,7 @@ void sourceScores(SourceScoresProblem const& p, Parallel const& parallel);
 void scoredMixer(FusedMixerProblem const& p, Parallel const& parallel);
 void streamGate(StreamGateProblem const& p, Parallel const& parallel);
 void sourceViews(SourceViewsProblem const& p, Parallel const& parallel);
-void convState(ConvStateProblem const& p);
+void convState(ConvStateProblem const& p, Parallel const& parallel);
 void depthRetrieval(DepthRetrievalProblem const& p, Parallel const& parallel);
 
 } // namespace msar::cpu

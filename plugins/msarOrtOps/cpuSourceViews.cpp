@@ -129,8 +129,8 @@ void sourceViews(SourceViewsProblem const& p, Parallel const& parallel)
         }
         P.taps = P.copied.data();
     }
-    // A decode step's views (a few rows) are over in microseconds: the pool would cost more.
-    std::size_t const batch = p.B * p.T <= 8 ? 1 : 0;
+    // A batch-1 decode step's views (a row) are over in microseconds: the pool would cost more.
+    std::size_t const batch = p.B * p.T <= 2 ? 1 : 0;
     parallel.run(static_cast<std::size_t>(p.B * P.tiles), batch,
                  [](void* data, std::size_t item) { tile(*static_cast<Prepared const*>(data), static_cast<int64_t>(item)); },
                  &P);

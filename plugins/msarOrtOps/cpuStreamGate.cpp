@@ -86,8 +86,8 @@ void streamGate(StreamGateProblem const& p, Parallel const& parallel)
     }
     loadRow(P.bias.data(), p.gate_bias, 0, p.m, p.m, p.storage);
     loadRow(&P.scale, p.gate_scale, 0, 1, 1, p.storage);
-    // A decode step's gate (a few token rows) is over in microseconds: the pool would cost more.
-    std::size_t const batch = p.B * p.T <= 16 ? 1 : 0;
+    // A batch-1 decode step's gate (a token row) is over in microseconds: the pool would cost more.
+    std::size_t const batch = p.B * p.T <= 4 ? 1 : 0;
     parallel.run(static_cast<std::size_t>(p.B * p.T), batch,
                  [](void* data, std::size_t item) { row(*static_cast<Prepared const*>(data), static_cast<int64_t>(item)); },
                  &P);

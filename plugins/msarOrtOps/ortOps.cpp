@@ -323,7 +323,7 @@ struct ConvStateKernel : AllStorageTyped
             p.sources.push_back(x.data);
         }
         p.present = ctx.GetOutput(0, past.shape).GetTensorMutableRawData();
-        msar::cpu::convState(p);
+        msar::cpu::convState(p, OrtParallel(ctx));
     }
 
     Storage mStorage;
