@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 DOMAIN = "msar"
 # 2: SourceViews reads its row of the conv state in place (state, index, source in place of a built
-# window) and ConvState is new. Files of version 1 still load with a version-2 library: their
+# window) and zeroes padded tokens itself (mask); ConvState is new. Files of version 1 still load with a version-2 library: their
 # SourceViews nodes find no kernel of their version and ONNX Runtime runs their function bodies.
 DOMAIN_VERSION = 2
 PLUGIN_VERSION = "1"
@@ -158,7 +158,8 @@ SOURCE_VIEWS = OpContract(
     doc=(
         "The m views of one source (MSAR_SPEC 1.1): the source itself and one causal depthwise "
         "convolution per stream r >= 1, over the window [state[index]; source] (kmax-1+T positions), "
-        "read where it lies: no window tensor is built. Float32 inside, rounded once to T."
+        "read where it lies: no window tensor is built. Padded tokens (mask 0) count as zeros, in the "
+        "views and in the window. Float32 inside, rounded once to T."
     ),
     inputs=(
         Port("conv_weight", "[K, d]", "T",
@@ -169,6 +170,7 @@ SOURCE_VIEWS = OpContract(
              "at a sequence start (S = 1)"),
         Port("index", "[]", "int64", "the row of state that precedes this source's tokens"),
         Port("source", "[B, T, d]", "T", "x_i, the source's T tokens"),
+        Port("mask", "[B, T]", "int64", "nonzero: a real token; zero: padding, read as a zero row"),
     ),
     outputs=(Port("views", "[B, T, m, d]", "T",
                   "views[:, :, 0] = the source's tokens, views[:, :, r] = stream r's convolution"),),
@@ -198,12 +200,12 @@ CONV_STATE = OpContract(
     doc=(
         "The decode graph's next convolution state: per source i, the last kmax-1 positions of "
         "[past[i]; x_i], one node for every source at the end of a step (MSAR_SPEC 1.1's causal "
-        "windows carried across calls). Copies only."
+        "windows carried across calls), padded tokens (mask 0) as zero rows. Copies only."
     ),
     inputs=(
         Port("past", "[N, B, kmax-1, d]", "T", "past_conv_state: kmax-1 positions of every source"),
-        Port("sources", "[B, T, d]", "T", "x_0 .. x_{N-1} as the views saw them (padding zeroed), N "
-             "(variadic)", variadic=True),
+        Port("mask", "[B, T]", "int64", "nonzero: a real token; zero: padding, kept as a zero row"),
+        Port("sources", "[B, T, d]", "T", "x_0 .. x_{N-1}, N (variadic)", variadic=True),
     ),
     outputs=(Port("present", "[N, B, kmax-1, d]", "T", "present_conv_state"),),
     attributes=(),

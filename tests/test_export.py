@@ -182,7 +182,8 @@ def test_custom_nodes_carry_plugin_attributes_and_function_bodies(ckpts, exporte
         assert (node.input[1] == "past_conv_state") == (variant == "decode")
     for node in states:
         assert node.overload == f"n{L + 1}" and node.input[0] == "past_conv_state"
-        assert node.output[0] == "present_conv_state" and len(node.input) == L + 2
+        assert node.output[0] == "present_conv_state" and len(node.input) == L + 3  # past, mask, L+1 sources
+        assert node.input[1] == views[0].input[4]  # the one padding mask the views read (no Where per source)
     retrieved = {n.output[0] for n in nodes}
     for node in gates:  # each gates one mixer's retrieval
         assert node.overload == "n0" and (DOMAIN, "StreamGate", "n0") in functions and not node.attribute

@@ -137,11 +137,21 @@ VIEWS_CASES = [  # (kernels, B, T, d)
 ]
 
 
-def run_views(taps, state, index, source, kernels, precision, ort_ops):
+def padding_mask(B, T):
+    """(B, T) int64: row 0 left-padded over its first third, the last row's last token padded (the ops
+    take any pattern); nothing padded in a one-token batch of one. Values other than 1 are real tokens too."""
+    mask = torch.full((B, T), 3 if B * T > 3 else 1, dtype=torch.int64)
+    mask[0, : T // 3] = 0
+    if B > 1:
+        mask[-1, -1] = 0
+    return mask
+
+
+def run_views(taps, state, index, source, mask, kernels, precision, ort_ops):
     _, nptype = DTYPES[precision]
     model = source_views_model(source.shape[-1], kernels, dtype=DTYPES[precision][0])
     feeds = {"conv_weight": taps.numpy().astype(nptype), "state": state.numpy().astype(nptype),
-             "index": np.array(index, np.int64), "source": source.numpy().astype(nptype)}
+             "index": np.array(index, np.int64), "source": source.numpy().astype(nptype), "mask": mask.numpy()}
     return session(model, ort_ops).run(["views"], feeds)[0]
 
 
@@ -153,23 +163,27 @@ def test_source_views_match_float64(ort_ops_library, case, precision):
     taps = 0.5 * torch.randn(sum(kernels[1:]), d, generator=g)
     state = torch.randn(3, B, max(kernels) - 1, d, generator=g)  # real values, not zeros; row 1 is this source's
     source = torch.randn(B, T, d, generator=g)
+    mask = padding_mask(B, T)
     t = getattr(torch, precision)
 
-    def ref(taps=taps, state=state, index=1, source=source):
-        return K.reference_source_views64(taps.to(t), state.to(t), index, source.to(t), kernels).numpy()
+    def ref(taps=taps, state=state, index=1, source=source, mask=mask):
+        return K.reference_source_views64(taps.to(t), state.to(t), index, source.to(t), kernels, mask).numpy()
 
-    native = run_views(taps, state, 1, source, kernels, precision, ort_ops_library)
-    function = run_views(taps, state, 1, source, kernels, precision, "function")
+    native = run_views(taps, state, 1, source, mask, kernels, precision, ort_ops_library)
+    function = run_views(taps, state, 1, source, mask, kernels, precision, "function")
     assert native.dtype == np.dtype(precision) and native.shape == (B, T, len(kernels), d)
     assert rel_err(native, ref()) <= BOUND[precision], rel_err(native, ref())
     assert rel_err(function, ref()) <= BOUND[precision], rel_err(function, ref())
-    # negative controls: 2% on the taps, another row of the state, and the window read one row late
+    # negative controls: 2% on the taps, another row of the state, the window read one row late, the
+    # padding not zeroed
     assert rel_err(native, ref(taps=taps * 1.02)) > 5 * BOUND[precision]
     assert rel_err(native, ref(index=2)) > 1e-3
-    window = torch.cat([state[1], source], dim=1)
+    window = torch.cat([state[1], torch.where(mask[..., None] != 0, source, 0.0)], dim=1)
     late = torch.cat([window[:, :1], window[:, :-1]], dim=1)
     H = state.shape[2]
-    assert rel_err(native, ref(state=late[None, :, :H], index=0, source=late[:, H:])) > 1e-2
+    assert rel_err(native, ref(state=late[None, :, :H], index=0, source=late[:, H:], mask=None)) > 1e-2
+    if (mask == 0).any():
+        assert rel_err(native, ref(mask=None)) > 1e-2
 
 
 # (n, B, T, kmax-1, d): a decode step; a prompt longer than the state; fewer tokens than the state keeps;
@@ -185,17 +199,21 @@ def test_conv_state_matches_float64(ort_ops_library, case, precision):
     t, nptype = getattr(torch, precision), DTYPES[precision][1]
     past = torch.randn(n, B, H, d, generator=g).to(t)
     sources = [torch.randn(B, T, d, generator=g).to(t) for _ in range(n)]
-    ref = K.reference_conv_state64(past, sources).numpy()
-    feeds = {"past": past.numpy().astype(nptype)} | {f"x{i}": x.numpy().astype(nptype) for i, x in enumerate(sources)}
+    mask = padding_mask(B, T)
+    ref = K.reference_conv_state64(past, sources, mask).numpy()
+    feeds = {"past": past.numpy().astype(nptype), "mask": mask.numpy()} | {
+        f"x{i}": x.numpy().astype(nptype) for i, x in enumerate(sources)}
     model = conv_state_model(n, d, dtype=DTYPES[precision][0])
     native = session(model, ort_ops_library).run(["present"], feeds)[0]
     function = session(model, "function").run(["present"], feeds)[0]
     assert native.dtype == np.dtype(precision) and native.shape == (n, B, H, d)
     # copies: exact
     assert np.array_equal(native, ref.astype(nptype)) and np.array_equal(function, ref.astype(nptype))
-    if H:  # negative control: the state of the source before (a mixed-up source order) differs
-        rolled = K.reference_conv_state64(past.roll(1, 0), sources[-1:] + sources[:-1]).numpy()
+    if H:  # negative controls: the state of the source before (a mixed-up source order); the padding kept
+        rolled = K.reference_conv_state64(past.roll(1, 0), sources[-1:] + sources[:-1], mask).numpy()
         assert not np.array_equal(native, rolled.astype(nptype))
+    if H and B > 1:  # the last row's last token is padded, and always among the kept positions
+        assert not np.array_equal(native, K.reference_conv_state64(past, sources).numpy().astype(nptype))
 
 
 # (B, T, m, d); d 64: a float32 weight read in place (whole vectors), as in a batch-8 decode step
@@ -235,17 +253,25 @@ def test_bad_shapes_are_one_clear_error(ort_ops_library):
         s.run(["h"], feeds)
     views = session(source_views_model(16, [1, 3, 5]), ort_ops_library)
     feeds = {"conv_weight": np.zeros((8, 16), np.float32), "state": np.zeros((2, 1, 3, 16), np.float32),
-             "index": np.array(0, np.int64), "source": np.zeros((1, 2, 16), np.float32)}
+             "index": np.array(0, np.int64), "source": np.zeros((1, 2, 16), np.float32),
+             "mask": np.ones((1, 2), np.int64)}
     shape = r"state must be \[S, B, kmax-1 = 4, d\] with B, d = 1, 16, got \[2, 1, 3, 16\]"
     with pytest.raises(Exception, match=r"msar::SourceViews: " + shape):
         views.run(["views"], feeds)
     feeds.update(state=np.zeros((2, 1, 4, 16), np.float32), index=np.array(2, np.int64))
     with pytest.raises(Exception, match=r"msar::SourceViews: index 2 is outside the state's 2 rows"):
         views.run(["views"], feeds)
+    feeds.update(index=np.array(1, np.int64), mask=np.ones((1, 3), np.int64))
+    with pytest.raises(Exception, match=r"msar::SourceViews: mask must be \[B, T\] = \[1, 2\], got \[1, 3\]"):
+        views.run(["views"], feeds)
     state = session(conv_state_model(2, 16), ort_ops_library)
+    feeds = {"past": np.zeros((2, 1, 4, 16), np.float32), "mask": np.ones((1, 2), np.int64),
+             "x0": np.zeros((1, 2, 16), np.float32), "x1": np.zeros((1, 3, 16), np.float32)}
     with pytest.raises(Exception, match=r"msar::ConvState: source 1 is \[1, 3, 16\], source 0 is \[1, 2, 16\]"):
-        state.run(["present"], {"past": np.zeros((2, 1, 4, 16), np.float32), "x0": np.zeros((1, 2, 16), np.float32),
-                                "x1": np.zeros((1, 3, 16), np.float32)})
+        state.run(["present"], feeds)
+    feeds.update(x1=np.zeros((1, 2, 16), np.float32), mask=np.ones((2, 2), np.int64))
+    with pytest.raises(Exception, match=r"msar::ConvState: mask must be \[B, T\] = \[1, 2\], got \[2, 2\]"):
+        state.run(["present"], feeds)
 
 
 def test_a_changed_kernel_source_makes_the_installed_library_stale(tmp_path):

@@ -62,16 +62,17 @@ def depth_retrieval_model(n: int, m: int, d: int, eps: float = 1e-6, opset: int 
 
 
 def source_views_model(d: int, kernels=KERNELS, opset: int = 18, dtype=ir.DataType.FLOAT) -> ir.Model:
-    """A graph of one msar::SourceViews node (inputs conv_weight, state, index, source; output views)."""
+    """A graph of one msar::SourceViews node (inputs conv_weight, state, index, source, mask; output views)."""
     values = SOURCE_VIEWS.attribute_values(stream_kernels=kernels)
-    fixed = {"conv_weight": [sum(kernels[1:]), d], "state": ["S", "B", "H", d], "index": [], "source": ["B", "T", d]}
+    fixed = {"conv_weight": [sum(kernels[1:]), d], "state": ["S", "B", "H", d], "index": [], "source": ["B", "T", d],
+             "mask": ["B", "T"]}
     return _one_node_model(SOURCE_VIEWS, 0, fixed, ["B", "T", len(kernels), d], values,
                            source_views_function(values, d, opset), dtype, opset)
 
 
 def conv_state_model(n: int, d: int, opset: int = 18, dtype=ir.DataType.FLOAT) -> ir.Model:
-    """A graph of one msar::ConvState node (inputs past, x0..x{n-1}; output present)."""
-    return _one_node_model(CONV_STATE, n, {"past": [n, "B", "H", d]}, ["B", "T", d], {},
+    """A graph of one msar::ConvState node (inputs past, mask, x0..x{n-1}; output present)."""
+    return _one_node_model(CONV_STATE, n, {"past": [n, "B", "H", d], "mask": ["B", "T"]}, ["B", "T", d], {},
                            conv_state_function(n, opset), dtype, opset, out_shape=[n, "B", "H", d])
 
 

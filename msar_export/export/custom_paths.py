@@ -45,21 +45,24 @@ def pack_conv_weights(model) -> torch.Tensor:
     return pack_conv_rows(model.sources[str(i)].conv.values() for i in range(model.cfg.n_sublayers + 1))
 
 
-def source_views_op(conv_taps: torch.Tensor, state: torch.Tensor, index: int, x: torch.Tensor, cfg) -> torch.Tensor:
-    """Source x (B, T, d) after row `index` of state (S, B, kmax-1, d) -> (B, T, m, d) views in x's dtype
-    (one SourceViews node)."""
+def source_views_op(conv_taps: torch.Tensor, state: torch.Tensor, index: int, x: torch.Tensor, mask: torch.Tensor,
+                    cfg) -> torch.Tensor:
+    """Source x (B, T, d) after row `index` of state (S, B, kmax-1, d), padded tokens (mask (B, T) int64
+    zero) as zero rows -> (B, T, m, d) views in x's dtype (one SourceViews node)."""
     B, T, d = x.shape
     return torch.onnx.ops.symbolic(
-        f"{DOMAIN}::{SOURCE_VIEWS.name}", [conv_taps, state, torch.tensor(index, dtype=torch.int64), x],
+        f"{DOMAIN}::{SOURCE_VIEWS.name}", [conv_taps, state, torch.tensor(index, dtype=torch.int64), x, mask],
         SOURCE_VIEWS.attribute_values(cfg), dtype=x.dtype, shape=(B, T, len(cfg.stream_kernels), d),
         version=DOMAIN_VERSION,
     )
 
 
-def conv_state_op(past: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
-    """past (N, B, kmax-1, d) and the N masked sources -> present (N, B, kmax-1, d) (one ConvState node)."""
+def conv_state_op(past: torch.Tensor, mask: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
+    """past (N, B, kmax-1, d), the padding mask (B, T) and the N sources -> present (N, B, kmax-1, d)
+    (one ConvState node)."""
     return torch.onnx.ops.symbolic(
-        f"{DOMAIN}::{CONV_STATE.name}", [past, *(x.to(past.dtype) for x in sources)], {}, dtype=past.dtype, shape=past.shape,
+        f"{DOMAIN}::{CONV_STATE.name}", [past, mask, *(x.to(past.dtype) for x in sources)], {}, dtype=past.dtype,
+        shape=past.shape,
         version=DOMAIN_VERSION,
     )
 
@@ -155,20 +158,27 @@ class RetrievalOpPath(EagerDepthPath):
     def __init__(self, model, history, source_mask, conv_taps=None):
         super().__init__(model, history, source_mask)
         self.conv_taps = conv_taps  # [K, d] per source (graphs.py), None: no conv streams
-        self.sources: list[torch.Tensor] = []  # masked, for ConvState
+        self.sources: list[torch.Tensor] = []  # unmasked: ConvState masks them itself
         self.zeros = None  # the history at a sequence start
+        self.mask = None  # (B, T) int64: the ops zero padded tokens themselves (no Where per source)
+
+    def padding_mask(self, x):
+        if self.mask is None:  # a prefill graph has no attention_mask: every token is real
+            self.mask = (self.source_mask.to(torch.int64) if self.source_mask is not None
+                         else torch.ones_like(x[..., 0], dtype=torch.int64))
+        return self.mask
 
     def expand(self, i, x):
         if self.conv_taps is None:
             return super().expand(i, x)
-        x = self.masked(x)
         self.sources.append(x)
+        mask = self.padding_mask(x)
         if self.history is not None:  # the node reads its row of the state where it lies (no Gather, no Split)
-            return source_views_op(self.conv_taps[i], self.history.to(x.dtype), i, x, self.model.cfg)
+            return source_views_op(self.conv_taps[i], self.history.to(x.dtype), i, x, mask, self.model.cfg)
         if self.zeros is None:  # a sequence start: one (1, B, kmax-1, d) zero state, shared. A Pad of an
             # empty slice, not zeros of a computed shape: float16 converters retype Pad's input (DepthPath.window)
             self.zeros = F.pad(x[:, :0], (0, 0, self.model.cfg.kmax - 1, 0)).unsqueeze(0)
-        return source_views_op(self.conv_taps[i], self.zeros, 0, x, self.model.cfg)
+        return source_views_op(self.conv_taps[i], self.zeros, 0, x, mask, self.model.cfg)
 
     def conv_state(self):
         # One ConvState node at the end of a step, where a Concat (the window) and a Slice (its tail)
@@ -177,7 +187,7 @@ class RetrievalOpPath(EagerDepthPath):
             return super().conv_state()
         if self.history is None:
             return None  # a prefill graph: no state output
-        return conv_state_op(self.history, self.sources)
+        return conv_state_op(self.history, self.mask, self.sources)
 
     def add_source(self, i, x):
         # No keys: the op normalises them itself. Views in the model's dtype, as SourceViews makes msar's

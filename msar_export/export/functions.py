@@ -176,19 +176,26 @@ def source_scores_function(values: dict, d: int, opset: int) -> ir.Function:
     return _function(SOURCE_SCORES, 0, ins, [out], b, values, opset)
 
 
+def _masked(b: _Body, x, mask):
+    """x (B, T, d) with the rows of padded tokens (mask (B, T) zero) zeroed: a Where, so a padded NaN
+    becomes zero too."""
+    keep = b.Cast(b.Unsqueeze(mask, b.ints([2])), to=ir.DataType.BOOL)
+    return b.Where(keep, x, b.CastLike(b.tape.op("Constant", [], attributes={"value_float": 0.0}), x))
+
+
 def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
     """The window [state[index]; source] (B, kmax-1+T, d) channels first as (B, d, 1, kmax-1+T); stream r
     is one depthwise 2-D Conv (height 1: ONNX Runtime's depthwise path, model/mixing.py _merged_conv)
     over the last k_r-1+T positions; the identity is the last T; stacked (B, m, d, T) and transposed
     to (B, T, m, d). One body per file (width and kernels are the model's), so TensorRT's parser can
     import it as standard layers."""
-    ins = _inputs(["conv_weight", "state", "index", "source"])
-    taps_in, state_in, index_in, source_in = ins
+    ins = _inputs(["conv_weight", "state", "index", "source", "mask"])
+    taps_in, state_in, index_in, source_in, mask_in = ins
     b = _Body()
     kernels = values["stream_kernels"]
     kmax = max(kernels)
     taps = b.Transpose(b.Cast(taps_in, to=FLOAT), perm=[1, 0])  # (d, K)
-    window = b.Concat(b.Gather(state_in, index_in, axis=0), source_in, axis=1)
+    window = b.Concat(b.Gather(state_in, index_in, axis=0), _masked(b, source_in, mask_in), axis=1)
     planes = b.Unsqueeze(b.Transpose(b.Cast(window, to=FLOAT), perm=[0, 2, 1]), b.ints([2]))  # (B, d, 1, L)
     end = b.ints([2**62])
 
@@ -207,12 +214,12 @@ def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
 
 
 def conv_state_function(n: int, opset: int) -> ir.Function:
-    """present (N, B, kmax-1, d): the last kmax-1 positions of [past; stacked sources] along time, taken
-    as a start index (length - (kmax-1)), which stays right when kmax-1 is 0."""
-    ins = _inputs(["past"] + [f"sources_{i}" for i in range(n)])
+    """present (N, B, kmax-1, d): the last kmax-1 positions of [past; stacked masked sources] along time,
+    taken as a start index (length - (kmax-1)), which stays right when kmax-1 is 0."""
+    ins = _inputs(["past", "mask"] + [f"sources_{i}" for i in range(n)])
     b = _Body()
     axis0 = b.ints([0])
-    stacked = b.Concat(*[b.Unsqueeze(x, axis0) for x in ins[1:]], axis=0)  # (N, B, T, d)
+    stacked = b.Concat(*[b.Unsqueeze(_masked(b, x, ins[1]), axis0) for x in ins[2:]], axis=0)  # (N, B, T, d)
     joined = b.Concat(ins[0], stacked, axis=2)  # (N, B, kmax-1+T, d)
     keep = b.Shape(ins[0], start=2, end=3)
     start = b.Sub(b.Shape(joined, start=2, end=3), keep)

@@ -49,10 +49,16 @@ def reference_depth_retrieval64(query, views, eps):
     return (alpha.unsqueeze(-1) * V).sum(0)
 
 
-def reference_source_views64(conv_weight, state, index, source, stream_kernels):
-    """SourceViews in float64: source (B, T, d) after state[index] (state: S, B, kmax-1, d), taps
-    conv_weight (K, d) -> views (B, T, m, d)."""
-    window, conv_weight = torch.cat([state[index].double(), source.double()], dim=1), conv_weight.double()
+def _zero_padded64(source, mask):
+    """source (B, T, d) in float64 with padded tokens (mask (B, T) zero, or no mask: none) as zero rows."""
+    x = source.double()
+    return x if mask is None else torch.where(torch.as_tensor(mask)[..., None] != 0, x, 0.0)
+
+
+def reference_source_views64(conv_weight, state, index, source, stream_kernels, mask=None):
+    """SourceViews in float64: source (B, T, d), padded tokens (mask zero) as zeros, after state[index]
+    (state: S, B, kmax-1, d), taps conv_weight (K, d) -> views (B, T, m, d)."""
+    window, conv_weight = torch.cat([state[index].double(), _zero_padded64(source, mask)], dim=1), conv_weight.double()
     kmax = max(stream_kernels)
     T = window.shape[1] - (kmax - 1)
     streams, off = [window[:, kmax - 1:]], 0
@@ -63,12 +69,13 @@ def reference_source_views64(conv_weight, state, index, source, stream_kernels):
     return torch.stack(streams, dim=2)
 
 
-def reference_conv_state64(past, sources):
-    """ConvState in float64: per source, the last kmax-1 positions of [past[i]; sources[i]], row by row."""
+def reference_conv_state64(past, sources, mask=None):
+    """ConvState in float64: per source, the last kmax-1 positions of [past[i]; sources[i]] (padded
+    tokens, mask zero, as zero rows), row by row."""
     keep = past.shape[2]
     out = torch.empty(past.shape, dtype=torch.float64)
     for i, x in enumerate(sources):
-        rows = list(past[i].double().unbind(1)) + list(x.double().unbind(1))  # (B, d) per position
+        rows = list(past[i].double().unbind(1)) + list(_zero_padded64(x, mask).unbind(1))  # (B, d) per position
         for r in range(keep):
             out[i, :, r] = rows[len(rows) - keep + r]
     return out

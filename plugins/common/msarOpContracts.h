@@ -125,9 +125,9 @@ void setDepthRetrievalKernelAttrs(Args& args, DepthRetrievalAttrFields const& a)
 // ---- SourceViews -----------------------------------------------------------
 
 constexpr char const* kSourceViewsName = "SourceViews";
-constexpr int32_t kSourceViewsFixedInputs = 4;
+constexpr int32_t kSourceViewsFixedInputs = 5;
 constexpr int32_t kSourceViewsSinceVersion = 2;
-constexpr char const* const kSourceViewsFixedInputNames[] = {"conv_weight", "state", "index", "source"};
+constexpr char const* const kSourceViewsFixedInputNames[] = {"conv_weight", "state", "index", "source", "mask"};
 
 // ---- StreamGate ------------------------------------------------------------
 
@@ -153,9 +153,9 @@ constexpr char const* const kScoredMixerFixedInputNames[] = {"gate_weight", "gat
 // ---- ConvState -------------------------------------------------------------
 
 constexpr char const* kConvStateName = "ConvState";
-constexpr int32_t kConvStateFixedInputs = 1;
+constexpr int32_t kConvStateFixedInputs = 2;
 constexpr int32_t kConvStateSinceVersion = 2;
-constexpr char const* const kConvStateFixedInputNames[] = {"past"};
+constexpr char const* const kConvStateFixedInputNames[] = {"past", "mask"};
 
 } // namespace msar
 

@@ -1,7 +1,7 @@
 /*
  * ConvState on the CPU: the decode graph's next convolution state, one node for every source at the
  * end of a step. Per (source, batch row) the last H positions of [past row; the source's T tokens]
- * are copied, bytes as they are (no arithmetic, so no float32 round trip).
+ * are copied, bytes as they are (no arithmetic, so no float32 round trip); padded tokens become zeros.
  */
 #include "cpuKernels.h"
 
@@ -25,7 +25,18 @@ void source(ConvStateProblem const& p, int64_t i)
         unsigned char* dst = out + static_cast<std::size_t>((i * p.B + b) * p.H) * row;
         std::memcpy(dst, past + static_cast<std::size_t>((i * p.B + b) * p.H + p.H - fromPast) * row, fromPast * row);
         int64_t const fromX = p.H - fromPast;  // the source's last fromX tokens
-        std::memcpy(dst + fromPast * row, x + static_cast<std::size_t>(b * p.T + p.T - fromX) * row, fromX * row);
+        for (int64_t t = p.T - fromX; t < p.T; ++t)
+        {
+            unsigned char* to = dst + (fromPast + t - (p.T - fromX)) * row;
+            if (p.mask[b * p.T + t] == 0)
+            {
+                std::memset(to, 0, row);  // a padded token: a zero row (all-zero bits are +0 in every storage)
+            }
+            else
+            {
+                std::memcpy(to, x + static_cast<std::size_t>(b * p.T + t) * row, row);
+            }
+        }
     }
 }
 

@@ -115,6 +115,7 @@ struct SourceViewsProblem
     void const* conv_weight;       // [K, d]
     void const* history;           // [B, kmax-1, d]: the state's row for this source
     void const* source;            // [B, T, d]
+    int64_t const* mask;           // [B, T]: zero marks a padded token, read as a zero row
     void* views;                   // [B, T, m, d]
 };
 
@@ -124,6 +125,7 @@ struct ConvStateProblem
     Storage storage;
     int64_t N, B, H, T, d;
     void const* past;                  // [N, B, H, d]
+    int64_t const* mask;               // [B, T]: zero marks a padded token, kept as a zero row
     std::vector<void const*> sources;  // N x [B, T, d]
     void* present;                     // [N, B, H, d]
 };

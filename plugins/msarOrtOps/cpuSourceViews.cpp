@@ -71,7 +71,11 @@ void tile(Prepared const& P, int64_t item)
     int64_t const split = std::max<int64_t>(0, hist - t0);
     float const* lo = tWindow.data();
     float const* hi = tWindow.data() + split * dp;
-    if (P.inPlace)
+    int64_t const* mask = p.mask + b * p.T;
+    // a padded token anywhere in the window's token rows: the window is built, padding as zero rows
+    int64_t const* const end = mask + t0 + rows;
+    bool const padded = std::find(mask + std::max<int64_t>(0, t0 - hist), end, 0) != end;
+    if (P.inPlace && !padded)
     {
         hi = static_cast<float const*>(p.source) + (b * p.T + t0 + split - hist) * d;
         lo = split > 0 ? static_cast<float const*>(p.history) + (b * hist + t0) * d : hi;  // no history rows: unused
@@ -86,6 +90,11 @@ void tile(Prepared const& P, int64_t item)
         for (int64_t w = 0; w < span; ++w)
         {
             int64_t const t = t0 + w - hist;
+            if (t >= 0 && mask[t] == 0)
+            {
+                std::fill_n(tWindow.data() + w * dp, dp, 0.F);  // a padded token: a zero row (a Where's zero)
+                continue;
+            }
             loadRow(tWindow.data() + w * dp, t < 0 ? p.history : p.source,
                     t < 0 ? (b * hist + hist + t) * d : (b * p.T + t) * d, d, dp, p.storage);
         }

@@ -114,6 +114,13 @@ void expectGate(char const* op, Input const& gw, Input const& gb, Input const& g
            [&] { return "gate_scale must be a scalar, got " + shapeText(gs.shape); });
 }
 
+//! The padding mask (SourceViews, ConvState): [B, T], one entry per source token.
+void expectMask(char const* op, Input const& mask, int64_t B, int64_t T)
+{
+    expect(mask.shape == Shape{B, T}, op,
+           [&] { return "mask must be [B, T] = " + shapeText({B, T}) + ", got " + shapeText(mask.shape); });
+}
+
 //! The node's stream_kernels attribute (FusedMixer, ScoredMixer, SourceViews, SourceScores).
 std::vector<int32_t> streamKernels(OrtKernelInfo const* info)
 {
@@ -247,7 +254,7 @@ struct SourceViewsKernel : AllStorageTyped
     static constexpr std::size_t kFixed = msar::kSourceViewsFixedInputs;
     static constexpr int kSince = msar::kSourceViewsSinceVersion;
     static constexpr bool kVariadic = false;
-    static bool int64Input(std::size_t i) { return i == 2; }  // index
+    static bool int64Input(std::size_t i) { return i == 2 || i == 4; }  // index, mask
 
     SourceViewsKernel(OrtApi const&, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
@@ -257,7 +264,7 @@ struct SourceViewsKernel : AllStorageTyped
     void compute(Ort::KernelContext& ctx) const
     {
         char const* op = kName;
-        Input cw = input(ctx, 0), state = input(ctx, 1), index = input(ctx, 2), x = input(ctx, 3);
+        Input cw = input(ctx, 0), state = input(ctx, 1), index = input(ctx, 2), x = input(ctx, 3), mask = input(ctx, 4);
         msar::cpu::StreamTaps const st = msar::cpu::streamTaps(mKernels);
         int64_t const K = st.K, kmax = st.kmax;
         expect(x.shape.size() == 3, op, [&] { return "source must be [B, T, d], got " + shapeText(x.shape); });
@@ -277,8 +284,10 @@ struct SourceViewsKernel : AllStorageTyped
         void const* hist = static_cast<unsigned char const*>(state.data) + row * B * (kmax - 1) * d * elem;
         expect(cw.shape == Shape{K, d}, op,
                [&] { return "conv_weight must be [K, d] = " + shapeText({K, d}) + ", got " + shapeText(cw.shape); });
+        expectMask(op, mask, B, T);
         auto const m = static_cast<int64_t>(mKernels.size());
-        msar::cpu::SourceViewsProblem p{mStorage, B, T, d, mKernels, cw.data, hist, x.data, nullptr};
+        msar::cpu::SourceViewsProblem p{mStorage, B, T, d, mKernels, cw.data, hist, x.data,
+                                        static_cast<int64_t const*>(mask.data), nullptr};
         p.views = ctx.GetOutput(0, Shape{B, T, m, d}).GetTensorMutableRawData();
         if (B * T * d > 0)
         {
@@ -290,9 +299,10 @@ struct SourceViewsKernel : AllStorageTyped
     std::vector<int32_t> mKernels;
 };
 
-//! The decode graph's next convolution state, from the past state and every (masked) source.
+//! The decode graph's next convolution state, from the past state and every source, padding zeroed.
 struct ConvStateKernel : AllStorageTyped
 {
+    static bool int64Input(std::size_t i) { return i == 1; }  // mask
     static constexpr char const* kName = msar::kConvStateName;
     static constexpr std::size_t kFixed = msar::kConvStateFixedInputs;
     static constexpr int kSince = msar::kConvStateSinceVersion;
@@ -305,7 +315,7 @@ struct ConvStateKernel : AllStorageTyped
         char const* op = kName;
         std::size_t const count = ctx.GetInputCount();
         expect(count > kFixed, op, [&] { return "needs at least one source"; });
-        Input past = input(ctx, 0), x0 = input(ctx, kFixed);
+        Input past = input(ctx, 0), mask = input(ctx, 1), x0 = input(ctx, kFixed);
         auto const N = static_cast<int64_t>(count - kFixed);
         expect(x0.shape.size() == 3, op, [&] { return "sources must be [B, T, d], got " + shapeText(x0.shape); });
         int64_t const B = x0.shape[0], T = x0.shape[1], d = x0.shape[2];
@@ -313,7 +323,9 @@ struct ConvStateKernel : AllStorageTyped
             return "past must be [N = " + std::to_string(N) + ", B = " + std::to_string(B) + ", kmax-1, d = "
                    + std::to_string(d) + "], got " + shapeText(past.shape);
         });
-        msar::cpu::ConvStateProblem p{mStorage, N, B, past.shape[2], T, d, past.data, {}, nullptr};
+        expectMask(op, mask, B, T);
+        msar::cpu::ConvStateProblem p{mStorage, N, B, past.shape[2], T, d, past.data,
+                                      static_cast<int64_t const*>(mask.data), {}, nullptr};
         for (int64_t i = 0; i < N; ++i)
         {
             Input x = input(ctx, kFixed + i);
