@@ -13,6 +13,10 @@ namespace msar::cpu
 
 void convState(ConvStateProblem const& p)
 {
+    if (p.H == 0)
+    {
+        return;  // stream_kernels [1]: the state keeps no position, and an empty tensor's data may be null
+    }
     std::size_t const elem = p.storage == Storage::kFloat32 ? 4 : 2;
     std::size_t const row = static_cast<std::size_t>(p.d) * elem;
     auto* out = static_cast<unsigned char*>(p.present);
