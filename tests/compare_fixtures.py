@@ -35,6 +35,22 @@ def faithful_decode(faithful, tmp_path_factory):
     return ckpt, path, cfg
 
 
+def lazy_exports(ckpt: Path, root: Path, options: dict, made: dict | None = None):
+    """get(kind) -> `ckpt` exported with options[kind] to root/KIND.onnx on first use (without
+    validation); `made` holds paths exported already (kind -> path)."""
+    from msar_export.export import export_checkpoint
+
+    made = dict(made or {})
+
+    def get(kind):
+        if kind not in made:
+            made[kind] = root / f"{kind}.onnx"
+            export_checkpoint(ckpt, made[kind], options[kind], validate=False)
+        return made[kind]
+
+    return get
+
+
 def faulted(src: Path, dst: Path, edit) -> Path:
     """Copy checkpoint `src` to `dst` with `edit(tensors)` applied (the same config)."""
     dst.mkdir(parents=True)

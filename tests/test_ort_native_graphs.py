@@ -13,12 +13,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-from compare_fixtures import check_both_passes_then_fails_on_two_percent_taps  # `faithful`: conftest.py
+from compare_fixtures import check_both_passes_then_fails_on_two_percent_taps, lazy_exports  # `faithful`: conftest.py
 from ort_ops_fixtures import ort_ops_library  # noqa: F401  (fixture)
 
 from msar_export import cli_common
 from msar_export.checkpoint import load_checkpoint
-from msar_export.export import ExportOptions, export_checkpoint
+from msar_export.export import ExportOptions
 from msar_export.model.precision import float64_one_sublayer_at_a_time
 from msar_export.runners import ort_runner
 from msar_export.runners.ort_runner import OrtGraph
@@ -37,16 +37,8 @@ def ckpt(faithful):
 
 @pytest.fixture(scope="module")
 def exported(faithful, faithful_decode, tmp_path_factory):
-    ckpt = faithful[0]
-    root, made = tmp_path_factory.mktemp("native-graphs"), {"prefill": faithful[1], "decode": faithful_decode[1]}
-
-    def get(variant):
-        if variant not in made:
-            made[variant] = root / f"{variant}.onnx"
-            export_checkpoint(ckpt, made[variant], VARIANTS[variant], validate=False)
-        return made[variant]
-
-    return get
+    return lazy_exports(faithful[0], tmp_path_factory.mktemp("native-graphs"), VARIANTS,
+                        {"prefill": faithful[1], "decode": faithful_decode[1]})
 
 
 def batch(seed=0):

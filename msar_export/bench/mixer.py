@@ -126,7 +126,7 @@ def run_mixer_bench(sources=(4, 9, 17), widths=(256, 512), tokens=(512, 2048), t
                         V = torch.stack([e(x) for e, x in zip(expansions, xs)])
                         return stream_fusion(depth_retrieval(q, V, rms_normalize(V, 1e-6)), W, b, a)
 
-                conv = pack_conv_rows(e.conv.values() for e in expansions)
+                conv = pack_conv_rows((e.conv.values() for e in expansions), d, torch.float32)
                 proto = ir.serde.serialize_model(fused_mixer_model(n, d)).SerializeToString()
                 sessions = {"ort": open_session(proto, providers=["cpu"], threads=threads, ort_ops="function")}
                 if native_library() is not None:

@@ -18,12 +18,17 @@ CONV_TAPS = "conv_taps_"  # graphs.py: source i's SourceViews taps are the buffe
 MIXER_QUERIES = "mixer_queries_"  # graphs.py: the queries of the mixers after source i (SourceScores)
 
 
-def pack_conv_rows(convs_per_source) -> torch.Tensor:
+def pack_conv_rows(convs_per_source, d: int, dtype: torch.dtype) -> torch.Tensor:
     """(N, K, d), the FusedMixer contract's conv_weight: row i = source i's depthwise Conv1d taps for
     streams 1..m-1 back to back along K (Conv1d order), channels last. Channels last because it is what
     the kernels read (a warp's tap loads walk d): the bank is an initializer in that layout, so nothing
-    is transposed or allocated at run time (issue 23 defect 3)."""
-    return torch.stack([torch.cat([c.weight[:, 0, :] for c in convs], dim=1).t() for convs in convs_per_source])
+    is transposed or allocated at run time (issue 23 defect 3). Without conv streams (stream_kernels
+    [1]) K is 0: an empty (N, 0, d) bank of `dtype`, which the contract's shapes still describe."""
+    rows = []
+    for convs in convs_per_source:
+        taps = [c.weight[:, 0, :] for c in convs]
+        rows.append((torch.cat(taps, dim=1) if taps else torch.zeros(d, 0, dtype=dtype)).t())
+    return torch.stack(rows)
 
 
 def conv_taps_name(i: int) -> str:
@@ -42,7 +47,8 @@ def later_queries(query_of, i: int, n_sublayers: int) -> torch.Tensor:
 
 def pack_conv_weights(model) -> torch.Tensor:
     """(L+1, K, d): the conv bank of every source of `model` (pack_conv_rows)."""
-    return pack_conv_rows(model.sources[str(i)].conv.values() for i in range(model.cfg.n_sublayers + 1))
+    return pack_conv_rows((model.sources[str(i)].conv.values() for i in range(model.cfg.n_sublayers + 1)),
+                          model.cfg.d_model, model.dtype)
 
 
 def source_views_op(conv_taps: torch.Tensor, state: torch.Tensor, index: int, x: torch.Tensor, mask: torch.Tensor,
@@ -158,6 +164,7 @@ class RetrievalOpPath(EagerDepthPath):
     def __init__(self, model, history, source_mask, conv_taps=None):
         super().__init__(model, history, source_mask)
         self.conv_taps = conv_taps  # [K, d] per source (graphs.py), None: no conv streams
+        self.msar = model.cfg.residual == "msar"
         self.sources: list[torch.Tensor] = []  # unmasked: ConvState masks them itself
         self.zeros = None  # the history at a sequence start
         self.mask = None  # (B, T) int64: the ops zero padded tokens themselves (no Where per source)
@@ -169,10 +176,12 @@ class RetrievalOpPath(EagerDepthPath):
         return self.mask
 
     def expand(self, i, x):
-        if self.conv_taps is None:
+        if not self.msar:
             return super().expand(i, x)
         self.sources.append(x)
         mask = self.padding_mask(x)
+        if self.conv_taps is None:  # stream_kernels [1]: the one view is the source itself, no SourceViews
+            return self.masked(x).unsqueeze(2)
         if self.history is not None:  # the node reads its row of the state where it lies (no Gather, no Split)
             return source_views_op(self.conv_taps[i], self.history.to(x.dtype), i, x, mask, self.model.cfg)
         if self.zeros is None:  # a sequence start: one (1, B, kmax-1, d) zero state, shared. A Pad of an
@@ -183,7 +192,9 @@ class RetrievalOpPath(EagerDepthPath):
     def conv_state(self):
         # One ConvState node at the end of a step, where a Concat (the window) and a Slice (its tail)
         # per source, and a stack of the tails, cost a decode step more than its views (docs/ort_kernels.md).
-        if self.conv_taps is None:
+        # stream_kernels [1] too: its state keeps kmax-1 = 0 positions (MSAR_SPEC 3), and the node's
+        # (N, B, 0, d) output is the graph's present_conv_state all the same.
+        if not self.msar:
             return super().conv_state()
         if self.history is None:
             return None  # a prefill graph: no state output

@@ -119,11 +119,11 @@ def fused_mixer_function(n: int, values: dict, d: int, opset: int) -> ir.Functio
 def _stacked_views(b: _Body, sources, conv_in, n: int, d: int, stream_kernels) -> list:
     """The views of n sources, one (B, T, n, d) float32 tensor per stream (FusedMixer, ScoredMixer)."""
     X = b.Cast(b.Concat(*sources, axis=2), to=FLOAT)  # (B, T, n*d)
-    # conv_weight is [N, K, d] (the kernels' layout); Conv wants each channel's taps together
-    conv = b.Cast(b.Transpose(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), perm=[0, 2, 1]), to=FLOAT)  # (n, d, K)
     by_source = b.ints([0, 0, n, d])  # (B, T, n*d) -> (B, T, n, d)
     views = [b.Reshape(X, by_source)]
-    if len(stream_kernels) > 1:
+    if len(stream_kernels) > 1:  # stream_kernels [1]: the identity view alone, no taps to read
+        # conv_weight is [N, K, d] (the kernels' layout); Conv wants each channel's taps together
+        conv = b.Cast(b.Transpose(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), perm=[0, 2, 1]), to=FLOAT)  # (n, d, K)
         Xt = b.Transpose(X, perm=[0, 2, 1])  # (B, n*d, T), channels first for Conv
     offset = 0
     for k in stream_kernels[1:]:
@@ -194,7 +194,8 @@ def source_views_function(values: dict, d: int, opset: int) -> ir.Function:
     b = _Body()
     kernels = values["stream_kernels"]
     kmax = max(kernels)
-    taps = b.Transpose(b.Cast(taps_in, to=FLOAT), perm=[1, 0])  # (d, K)
+    if len(kernels) > 1:  # stream_kernels [1] has no taps (and graphs.py writes no SourceViews for it)
+        taps = b.Transpose(b.Cast(taps_in, to=FLOAT), perm=[1, 0])  # (d, K)
     window = b.Concat(b.Gather(state_in, index_in, axis=0), _masked(b, source_in, mask_in), axis=1)
     planes = b.Unsqueeze(b.Transpose(b.Cast(window, to=FLOAT), perm=[0, 2, 1]), b.ints([2]))  # (B, d, 1, L)
     end = b.ints([2**62])

@@ -25,10 +25,11 @@ class _Graph(nn.Module):
             # One initializer shared by every FusedMixer / ScoredMixer node; each reads its first n rows.
             self.register_buffer("conv_bank", pack_conv_weights(model).detach().clone())
         self.n_taps = 0
-        if self.custom_ops and model.cfg.residual == "msar" and model.cfg.conv_kernels:
-            # One [K, d] initializer per source for its SourceViews node (decode, --mixer-op retrieval).
+        if self.custom_ops and model.cfg.residual == "msar" and (model.cfg.conv_kernels or mixer_op == "scored"):
+            # One [K, d] initializer per source for its SourceViews node (decode, --mixer-op retrieval) or its
+            # SourceScores node (--mixer-op scored, which takes [0, d] when there are no conv streams).
             for i in range(model.cfg.n_sublayers + 1):
-                rows = pack_conv_rows([model.sources[str(i)].conv.values()])[0]
+                rows = pack_conv_rows([model.sources[str(i)].conv.values()], model.cfg.d_model, model.dtype)[0]
                 self.register_buffer(conv_taps_name(i), rows.detach().clone())
             self.n_taps = model.cfg.n_sublayers + 1
         if self.custom_ops and mixer_op == "scored" and model.cfg.residual == "msar":
@@ -48,7 +49,7 @@ class _Graph(nn.Module):
         if msar_prefill and self.mixer_op == "scored":
             queries = [getattr(self, mixer_queries_name(i)) for i in range(self.model.cfg.n_sublayers + 1)]
             return functools.partial(ScoredMixerPath, conv_bank=self.conv_bank, conv_taps=taps, queries=queries)
-        if self.n_taps:
+        if self.n_taps and self.model.cfg.conv_kernels:  # without conv streams a view is its source: no SourceViews
             return functools.partial(RetrievalOpPath, conv_taps=taps)
         return RetrievalOpPath
 

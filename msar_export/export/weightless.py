@@ -70,12 +70,13 @@ class LazyWeights:
     def conv_bank(self) -> torch.Tensor:
         from .custom_paths import pack_conv_rows
 
-        return pack_conv_rows(self.source_convs(i) for i in range(self.cfg.n_sublayers + 1))
+        return pack_conv_rows((self.source_convs(i) for i in range(self.cfg.n_sublayers + 1)), self.cfg.d_model,
+                              self.dtype)
 
     def conv_taps(self, i: int) -> torch.Tensor:
         from .custom_paths import pack_conv_rows
 
-        return pack_conv_rows([self.source_convs(i)])[0]
+        return pack_conv_rows([self.source_convs(i)], self.cfg.d_model, self.dtype)[0]
 
     def mixer_queries(self, i: int) -> torch.Tensor:
         from .custom_paths import later_queries

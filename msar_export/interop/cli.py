@@ -19,13 +19,16 @@ compare with ONNX Runtime."""
 
 def _rewrite(a, transform, check_functions: bool = True):
     """Load a.onnx with its weights, transform it, and write the result to a.output
-    (only if ONNX Runtime loads it; external data kept external).  Returns (input, output)."""
+    (only if ONNX Runtime loads it; external data kept external), with the input's model
+    fields (metadata_props, producer, doc_string, ...: model_fields.py).  Returns (input, output)."""
     from .files import check_rewrite_outputs, load_whole, save_whole
+    from .model_fields import copy_model_fields
 
     check_rewrite_outputs(a.onnx, a.output, getattr(a, "functions_from", None))
     model, external = load_whole(a.onnx, check_functions)
     n_in = len(model.graph.node)
-    out = transform(model)
+    fields = copy_model_fields(model, type(model)())  # taken before a transform that works in place
+    out = copy_model_fields(fields, transform(model))
     _check(out, a.output)
     save_whole(out, a.output, external)
     return n_in, out

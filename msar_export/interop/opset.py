@@ -40,8 +40,40 @@ def convert_opset(model, target: int):
         new.CopyFrom(fn)
         del new.node[:]
         new.node.extend(body.graph.node)
+        restore_attribute_refs(fn, new)
         del new.opset_import[:]
         new.opset_import.extend([helper.make_opsetid("", target)] +
                                 [o for o in fn.opset_import if o.domain not in ("", "ai.onnx")])
         converted.functions.append(new)
     return converted
+
+
+def restore_attribute_refs(original, converted) -> int:
+    """Put back, in `converted` (a FunctionProto, in place), every attribute reference
+    (`ref_attr_name`, e.g. a Constant's value_float = @eps) that `original` holds.
+
+    The converter reads a body as a graph, where a reference means nothing: it writes
+    the attribute back as its plain value (0.0), so the body would compute with eps = 0.
+    A node is found again by its op type and outputs, which the converter keeps; a
+    reference whose node it replaced cannot be put back and is refused (InputError).
+    Returns how many references were restored."""
+    import onnx
+
+    by_outputs = {(n.op_type, tuple(n.output)): n for n in converted.node}
+    restored = 0
+    for node in original.node:
+        refs = [a for a in node.attribute if a.ref_attr_name]
+        if not refs:
+            continue
+        target = by_outputs.get((node.op_type, tuple(node.output)))
+        if target is None:
+            raise InputError(f"ONNX version converter: it rewrote the {node.op_type} node that reads attribute "
+                             f"@{refs[0].ref_attr_name} in the body of {original.domain}:{original.name} "
+                             f"({original.overload}); the reference cannot be restored, nothing written")
+        wanted = {a.name: a for a in refs}
+        attrs = [wanted.pop(a.name, a) for a in target.attribute] + list(wanted.values())
+        copies = [onnx.AttributeProto.FromString(a.SerializeToString()) for a in attrs]
+        del target.attribute[:]
+        target.attribute.extend(copies)
+        restored += len(refs)
+    return restored

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .model_fields import copy_model_fields
 from .overloads import missing_functions, restore_overloads
 
 
@@ -9,7 +10,8 @@ def sanitize(model, fold_constants: bool = True):
     """What `polygraphy surgeon sanitize [--fold-constants]` does (onnx-graphsurgeon
     cleanup and topological sort, Polygraphy's constant folding), then what
     graphsurgeon loses put back, so ONNX Runtime and TensorRT still find every
-    body.  ModelProto in, new ModelProto out.
+    body.  ModelProto in, new ModelProto out, with the input's model fields
+    (metadata_props, doc_string, ...).
 
     graphsurgeon writes nodes and functions back without their overload, and
     its cleanup keeps one function per name as "used"; the bodies are
@@ -36,4 +38,4 @@ def sanitize(model, fold_constants: bool = True):
         # refuses, and it then folds nothing.
         del out.functions[:]
         out = repaired(polygraphy_fold(out))
-    return out
+    return copy_model_fields(model, out)  # graphsurgeon writes a new model without them

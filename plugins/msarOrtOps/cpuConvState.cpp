@@ -14,6 +14,10 @@ namespace
 
 void source(ConvStateProblem const& p, int64_t i)
 {
+    if (p.H == 0)
+    {
+        return;  // stream_kernels [1]: the state keeps no position, and an empty tensor's data may be null
+    }
     std::size_t const elem = p.storage == Storage::kFloat32 ? 4 : 2;
     std::size_t const row = static_cast<std::size_t>(p.d) * elem;
     auto* out = static_cast<unsigned char*>(p.present);
@@ -41,7 +45,6 @@ void source(ConvStateProblem const& p, int64_t i)
 }
 
 } // namespace
-
 
 void convState(ConvStateProblem const& p, Parallel const& parallel)
 {
