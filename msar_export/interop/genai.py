@@ -38,6 +38,24 @@ LAYER_FIRST = "{}.layer_first"
 BYTE_EOS = 0
 
 
+def drop_empty_conv_state(model) -> None:
+    """In place: a decode graph whose conv state keeps no position (stream_kernels [1]: [L+1, batch,
+    0, d]) loses that input, its ConvState node and the output, so GenAI runs it as a plain decoder
+    (its conv cache cannot be zero-wide: the Reshape genai_conv_state adds would need a 0 dimension).
+    The state holds nothing, so nothing is lost; anything else reading it is refused."""
+    graph = model.graph
+    makers = [n for n in graph.node if PRESENT_CONV in n.output]
+    if len(makers) != 1 or list(makers[0].input[:1]) != [PAST_CONV]:
+        raise InputError("the decode graph's zero-length conv state is not made by one node from past_conv_state")
+    graph.node.remove(makers[0])
+    if any(PAST_CONV in n.input for n in graph.node):
+        raise InputError("the decode graph reads its zero-length conv state beyond ConvState")
+    for values in (graph.input, graph.output):
+        kept = [v for v in values if v.name not in (PAST_CONV, PRESENT_CONV)]
+        del values[:]
+        values.extend(kept)
+
+
 def genai_conv_state(model, cfg) -> None:
     """In place: the decode graph's conv state, input and output, becomes what GenAI's conv
     cache allocates: rank 3 [batch, H, L] with H = (L+1)*d channels and L = kmax-1 positions
@@ -192,7 +210,10 @@ def assemble(decode, checkpoint: Path, staged: Path, eos_token_id: int | None = 
     cfg, model = graph.config, graph.proto
     if not graph.decode:
         raise InputError(f"{decode}: not a decode graph; export it with --decode")
-    conv = PAST_CONV in graph.input_names  # standard / attnres residuals (and kernels [1]) have none
+    conv = PAST_CONV in graph.input_names  # standard / attnres residuals have none
+    if conv and cfg.kmax == 1:  # stream_kernels [1]: a state of no positions, which GenAI cannot hold
+        drop_empty_conv_state(model)
+        conv = False
     if conv:
         genai_conv_state(model, cfg)
     onnx.save_model(model, str(staged / MODEL_FILE), save_as_external_data=model.ByteSize() >= 2**31,
