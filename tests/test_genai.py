@@ -164,13 +164,8 @@ def test_trained_checkpoint_greedy_and_byte_tokenizer(tmp_path, dtype):
 @pytest.mark.slow
 def test_a_graph_without_conv_state_uses_the_plain_decoder_type(tmp_path):
     """attnres (one identity stream) has no convolution state: GenAI's "llama" type, same tokens."""
-    ckpt, cfg = make_checkpoint(tmp_path / "ckpt", seed=7, residual="attnres", stream_kernels=[1])
-    rows = [[b % cfg["vocab_size"] for b in t] for t in TEXT]
-    want = eager_tokens(ckpt, rows[:1], None)[0]
-    eos = min(set(range(cfg["vocab_size"])) - set(want) - set(rows[0]))
-    write_genai_folder(ckpt, tmp_path / "genai", validate=False, eos_token_id=eos)
-    assert json.loads((tmp_path / "genai" / "genai_config.json").read_text())["model"]["type"] == "llama"
-    assert genai_tokens(tmp_path / "genai", rows[:1]) == [want]
+    got, want = one_identity_stream_folder(tmp_path, "attnres")
+    assert got == want
 
 
 @pytest.mark.slow
@@ -180,12 +175,19 @@ def test_msar_without_conv_streams_drops_its_empty_conv_state(tmp_path):
     folder's graph drops it and runs as "llama", with the eager model's tokens."""
     import onnx
 
-    ckpt, cfg = make_checkpoint(tmp_path / "ckpt", seed=7, residual="msar", stream_kernels=[1])
+    got, want = one_identity_stream_folder(tmp_path, "msar")
+    graph = onnx.load(tmp_path / "genai" / "model.onnx", load_external_data=False).graph
+    assert "past_conv_state" not in {v.name for v in graph.input} and not any(n.op_type == "ConvState" for n in graph.node)
+    assert got == want
+
+
+def one_identity_stream_folder(tmp_path, residual: str):
+    """A stream_kernels [1] checkpoint's GenAI folder (asserted to be the "llama" type): GenAI's greedy
+    tokens for the first prompt, and the eager model's."""
+    ckpt, cfg = make_checkpoint(tmp_path / "ckpt", seed=7, residual=residual, stream_kernels=[1])
     rows = [[b % cfg["vocab_size"] for b in t] for t in TEXT]
     want = eager_tokens(ckpt, rows[:1], None)[0]
     eos = min(set(range(cfg["vocab_size"])) - set(want) - set(rows[0]))
     write_genai_folder(ckpt, tmp_path / "genai", validate=False, eos_token_id=eos)
     assert json.loads((tmp_path / "genai" / "genai_config.json").read_text())["model"]["type"] == "llama"
-    graph = onnx.load(tmp_path / "genai" / "model.onnx", load_external_data=False).graph
-    assert "past_conv_state" not in {v.name for v in graph.input} and not any(n.op_type == "ConvState" for n in graph.node)
-    assert genai_tokens(tmp_path / "genai", rows[:1]) == [want]
+    return genai_tokens(tmp_path / "genai", rows[:1]), [want]
