@@ -12,12 +12,15 @@ namespace msar::cpu
 namespace
 {
 
+constexpr int64_t kMaxStreams = 8;  // streamTaps' bound
+
 struct Prepared
 {
     StreamGateProblem const* p;
     int64_t dp;
     std::vector<float> copied;  // the weight as float32 rows of dp, when it cannot be read in place
     float const* weight;        // [m][m][dp]: weight[o][r] is W[o, r*d:(r+1)*d]
+    bool inPlace;               // float32 rows of whole vectors: z and the weight read where they lie
     std::vector<float> bias;    // [m]
     float scale;
 };
@@ -33,26 +36,39 @@ void row(Prepared const& P, int64_t item)
         tZ.resize(m * dp);
         tH.resize(dp);
     }
-    for (int64_t r = 0; r < m; ++r)
+    float const* Z = tZ.data();  // [m][dp]
+    if (P.inPlace)
     {
-        loadRow(tZ.data() + r * dp, p.z, (item * m + r) * d, d, dp, p.storage);
+        Z = static_cast<float const*>(p.z) + item * m * d;
     }
-    std::fill_n(tH.data(), dp, 0.F);
-    for (int64_t o = 0; o < m; ++o)
+    else
     {
-        vf acc = vf{};
         for (int64_t r = 0; r < m; ++r)
         {
-            float const* w = P.weight + (o * m + r) * dp;
-            float const* z = tZ.data() + r * dp;
-            for (int64_t c = 0; c < dp; c += kVW)
+            loadRow(tZ.data() + r * dp, p.z, (item * m + r) * d, d, dp, p.storage);
+        }
+    }
+    std::fill_n(tH.data(), dp, 0.F);
+    // every logit's sum at once: m independent FMA chains (one chain per logit left a prefill row
+    // waiting on FMA latency), and each z vector loaded once for all of them
+    vf acc[kMaxStreams] = {};
+    for (int64_t r = 0; r < m; ++r)
+    {
+        float const* z = Z + r * dp;
+        for (int64_t c = 0; c < dp; c += kVW)
+        {
+            vf const zv = vload(z + c);
+            for (int64_t o = 0; o < m; ++o)
             {
-                acc += vload(w + c) * vload(z + c);
+                acc[o] += vload(P.weight + (o * m + r) * dp + c) * zv;
             }
         }
-        float const g = 1.F / (1.F + std::exp(-(P.scale * hsum(acc) + P.bias[o])));
+    }
+    for (int64_t o = 0; o < m; ++o)
+    {
+        float const g = 1.F / (1.F + std::exp(-(P.scale * hsum(acc[o]) + P.bias[o])));
         vf const gv = vsplat(g);
-        float const* z = tZ.data() + o * dp;
+        float const* z = Z + o * dp;
         for (int64_t c = 0; c < dp; c += kVW)
         {
             vstore(tH.data() + c, vload(tH.data() + c) + gv * vload(z + c));
@@ -65,8 +81,9 @@ void row(Prepared const& P, int64_t item)
 
 void streamGate(StreamGateProblem const& p, Parallel const& parallel)
 {
-    Prepared P{&p, padded(p.d), {}, nullptr, std::vector<float>(p.m), 0.F};
-    if (p.storage == Storage::kFloat32 && P.dp == p.d)
+    Prepared P{&p, padded(p.d), {}, nullptr, p.storage == Storage::kFloat32 && padded(p.d) == p.d,
+               std::vector<float>(p.m), 0.F};
+    if (P.inPlace)
     {
         // [m, m*d] in nn.Linear layout is already [m][m][d]: read where it lies (a decode step would
         // otherwise convert every mixer's weight on every call)
