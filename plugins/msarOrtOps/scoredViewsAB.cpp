@@ -17,6 +17,8 @@
  *   for f in cpuScoredMixer cpuSourceViews; do g++ -O3 -march=native -std=c++20 -c $S/$f.cpp -o $D/$f.o; done
  *   g++ -O3 -march=native -std=c++20 -pthread $S/scoredViewsAB.cpp $D/*.o -o $D/ab
  *   $D/ab [rounds 7] [d 512] [T 512] [blocks 8]      # TILE=16: tokens per work item of B
+ * On a shared machine, check first that both cores are free (two CPU-bound loops side by side should
+ * take the wall time of one): the 2-thread rows mean nothing otherwise.
  */
 #include "cpuKernels.h"
 #include "cpuVector.h"
