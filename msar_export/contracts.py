@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 DOMAIN = "msar"
 # 2: SourceViews reads its row of the conv state in place (state, index, source in place of a built
-# window) and zeroes padded tokens itself (mask); ConvState is new. Files of version 1 still load with a version-2 library: their
-# SourceViews nodes find no kernel of their version and ONNX Runtime runs their function bodies.
+# window) and zeroes padded tokens itself (mask); ConvState is new. Files of version 1 still load
+# with a version-2 library: their SourceViews nodes find no kernel of their version and ONNX Runtime
+# runs their function bodies.
 DOMAIN_VERSION = 2
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""

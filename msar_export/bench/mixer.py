@@ -13,8 +13,9 @@ from ..log import silent
 from ..contracts import (CONV_STATE, DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES,
                          SOURCE_VIEWS, STREAM_GATE)
 from ..export.custom_paths import pack_conv_rows
-from ..export.functions import (conv_state_function, depth_retrieval_function, fused_mixer_function, ir_attributes, scored_mixer_function,
-                                source_scores_function, source_views_function, stream_gate_function)
+from ..export.functions import (conv_state_function, depth_retrieval_function, fused_mixer_function, ir_attributes,
+                                scored_mixer_function, source_scores_function, source_views_function,
+                                stream_gate_function)
 from ..model.layers import rms_normalize
 from ..model.mixing import SourceExpansion, depth_retrieval, stream_fusion
 from ..verdict import rel_err

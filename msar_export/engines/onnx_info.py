@@ -14,7 +14,8 @@ plugin_namespace attributes), which is what `--plugins` asks for.
 An op without a plugin (contracts.OpContract.plugin False: SourceViews, StreamGate,
 ConvState) has one body per file, so it keeps it and the parser imports it as standard
 layers. A variadic op without a plugin read by nodes of several arities (ScoredMixer,
-`--mixer-op scored`) has one body per arity under one name: the parser picks one body for every node and refuses
+`--mixer-op scored`) has one body per arity under one name: the parser picks one body for every
+node and refuses
 the others (`node.input().size() == function.input().size()`, TensorRT-RTX 1.7),
 so `build` refuses such a file before TensorRT is loaded and `check` plans no engine for it
 (`tensorrt_refusal`).
@@ -23,6 +24,7 @@ so `build` refuses such a file before TensorRT is loaded and `check` plans no en
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,10 +49,7 @@ def tensorrt_refusal(graph: ExportedGraph) -> str | None:
     than one function body (one per source count, which the parser cannot tell apart). A variadic op
     with one node per file (ConvState) has one body, which the parser imports."""
     plugin_less = {name for name, c in CONTRACTS.items() if not c.plugin}
-    bodies: dict[str, int] = {}
-    for domain, name, _ in graph.functions:
-        if domain == DOMAIN and name in plugin_less:
-            bodies[name] = bodies.get(name, 0) + 1
+    bodies = Counter(name for domain, name, _ in graph.functions if domain == DOMAIN and name in plugin_less)
     ops = sorted(op for op, count in bodies.items() if count > 1)
     if not ops:
         return None

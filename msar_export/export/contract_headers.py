@@ -57,6 +57,11 @@ def render_kernel_attrs() -> str:
     return "\n".join(out)
 
 
+def _int64_mask(c: OpContract) -> int:
+    """The fixed inputs the contract types int64, as bits (the ONNX Runtime kernels' port types)."""
+    return sum(1 << i for i, p in enumerate(c.inputs) if p.dtype == "int64" and not p.variadic)
+
+
 def _op_block(c: OpContract) -> list[str]:
     op, low = c.name, _camel(c.name)
     fixed = [p.name for p in c.inputs if not p.variadic]
@@ -64,6 +69,7 @@ def _op_block(c: OpContract) -> list[str]:
            f'constexpr char const* k{op}Name = "{op}";',
            f"constexpr int32_t k{op}FixedInputs = {c.n_fixed_inputs};",
            f"constexpr int32_t k{op}SinceVersion = {c.since};",
+           f"constexpr uint32_t k{op}Int64Inputs = {_int64_mask(c)}u;  // bit i: input i is int64",
            "constexpr char const* const k" + op + "FixedInputNames[] = {" + ", ".join(f'"{n}"' for n in fixed) + "};", ""]
     if not c.plugin:  # no plugin creator: the name and the inputs are all the ONNX Runtime kernel needs
         return out

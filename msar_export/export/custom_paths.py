@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from ..model.layers import f32
 from ..model.lm import DepthPath, EagerDepthPath
-from ..contracts import (CONV_STATE, DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES, SOURCE_VIEWS,
-                         STREAM_GATE)
+from ..contracts import (CONV_STATE, DEPTH_RETRIEVAL, DOMAIN, DOMAIN_VERSION, FUSED_MIXER, SCORED_MIXER, SOURCE_SCORES,
+                         SOURCE_VIEWS, STREAM_GATE)
 
 CONV_TAPS = "conv_taps_"  # graphs.py: source i's SourceViews taps are the buffer conv_taps_{i}
 MIXER_QUERIES = "mixer_queries_"  # graphs.py: the queries of the mixers after source i (SourceScores)
@@ -68,8 +68,7 @@ def conv_state_op(past: torch.Tensor, mask: torch.Tensor, sources: list[torch.Te
     (one ConvState node)."""
     return torch.onnx.ops.symbolic(
         f"{DOMAIN}::{CONV_STATE.name}", [past, mask, *(x.to(past.dtype) for x in sources)], {}, dtype=past.dtype,
-        shape=past.shape,
-        version=DOMAIN_VERSION,
+        shape=past.shape, version=DOMAIN_VERSION,
     )
 
 

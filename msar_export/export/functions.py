@@ -123,7 +123,8 @@ def _stacked_views(b: _Body, sources, conv_in, n: int, d: int, stream_kernels) -
     views = [b.Reshape(X, by_source)]
     if len(stream_kernels) > 1:  # stream_kernels [1]: the identity view alone, no taps to read
         # conv_weight is [N, K, d] (the kernels' layout); Conv wants each channel's taps together
-        conv = b.Cast(b.Transpose(b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0])), perm=[0, 2, 1]), to=FLOAT)  # (n, d, K)
+        first_n = b.Slice(conv_in, b.ints([0]), b.ints([n]), b.ints([0]))
+        conv = b.Cast(b.Transpose(first_n, perm=[0, 2, 1]), to=FLOAT)  # (n, d, K)
         Xt = b.Transpose(X, perm=[0, 2, 1])  # (B, n*d, T), channels first for Conv
     offset = 0
     for k in stream_kernels[1:]:

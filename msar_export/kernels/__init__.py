@@ -8,27 +8,13 @@ from .binding import (CUDA_ERROR_BASE, DTYPE_CODES, MAX_SOURCES, STATUS_TEXT, De
 from .cases import random_fused_mixer_inputs, rel_err
 from .cmake import BuildError, CMakeBuild, plugin_sources, tools_unavailable
 from .eager import eager_depth_retrieval, eager_fused_mixer
-from .reference64 import (reference_conv_state64, reference_depth_retrieval64, reference_fused_mixer64, reference_scored_mixer64,
-                          reference_source_scores64, reference_source_views64, reference_stream_gate64,
-                          split_conv_weight)
+from .reference64 import (reference_conv_state64, reference_depth_retrieval64, reference_fused_mixer64,
+                          reference_scored_mixer64, reference_source_scores64, reference_source_views64,
+                          reference_stream_gate64, split_conv_weight)
 
 __all__ = ["BuildError", "CMakeBuild", "CUDA_ERROR_BASE", "DTYPE_CODES", "DepthRetrievalArgs", "FusedMixerArgs",
            "KernelLibrary", "MAX_SOURCES", "STATUS_TEXT", "eager_depth_retrieval", "eager_fused_mixer",
            "emulation_unavailable", "load_emulation", "plugin_sources", "random_fused_mixer_inputs", "rel_err",
-           "reference_conv_state64", "reference_depth_retrieval64", "reference_fused_mixer64", "reference_scored_mixer64",
-           "reference_source_scores64", "reference_source_views64", "reference_stream_gate64",
-           "split_conv_weight", "status_text",
-           "tools_unavailable"]
-
-
-def emulation_unavailable(build: CMakeBuild) -> str | None:
-    """Why `build` cannot make the CPU emulation here (its configure step says), or None."""
-    reason = tools_unavailable()
-    if reason is None and not build.has_target("msar_emulation"):
-        reason = build.configure()
-    return reason
-
-
-def load_emulation(build: CMakeBuild) -> KernelLibrary:
-    """The kernels built for the CPU (no GPU, no CUDA runtime), loaded."""
-    return KernelLibrary(build.built("msar_emulation"))
+           "reference_conv_state64", "reference_depth_retrieval64", "reference_fused_mixer64",
+           "reference_scored_mixer64", "reference_source_scores64", "reference_source_views64",
+           "reference_stream_gate64", "split_conv_weight", "status_text", "tools_unavailable"]

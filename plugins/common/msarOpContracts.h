@@ -19,6 +19,7 @@ constexpr char const* kPluginNamespace = "";
 constexpr char const* kFusedMixerName = "FusedMixer";
 constexpr int32_t kFusedMixerFixedInputs = 5;
 constexpr int32_t kFusedMixerSinceVersion = 1;
+constexpr uint32_t kFusedMixerInt64Inputs = 0u;  // bit i: input i is int64
 constexpr char const* const kFusedMixerFixedInputNames[] = {"query", "gate_weight", "gate_bias", "gate_scale", "conv_weight"};
 
 //! The creator's PluginField table: ONNX attribute names and types, in contract order.
@@ -78,6 +79,7 @@ void setFusedMixerKernelAttrs(Args& args, FusedMixerAttrFields const& a)
 constexpr char const* kDepthRetrievalName = "DepthRetrieval";
 constexpr int32_t kDepthRetrievalFixedInputs = 1;
 constexpr int32_t kDepthRetrievalSinceVersion = 1;
+constexpr uint32_t kDepthRetrievalInt64Inputs = 0u;  // bit i: input i is int64
 constexpr char const* const kDepthRetrievalFixedInputNames[] = {"query"};
 
 //! The creator's PluginField table: ONNX attribute names and types, in contract order.
@@ -127,6 +129,7 @@ void setDepthRetrievalKernelAttrs(Args& args, DepthRetrievalAttrFields const& a)
 constexpr char const* kSourceViewsName = "SourceViews";
 constexpr int32_t kSourceViewsFixedInputs = 5;
 constexpr int32_t kSourceViewsSinceVersion = 2;
+constexpr uint32_t kSourceViewsInt64Inputs = 20u;  // bit i: input i is int64
 constexpr char const* const kSourceViewsFixedInputNames[] = {"conv_weight", "state", "index", "source", "mask"};
 
 // ---- StreamGate ------------------------------------------------------------
@@ -134,6 +137,7 @@ constexpr char const* const kSourceViewsFixedInputNames[] = {"conv_weight", "sta
 constexpr char const* kStreamGateName = "StreamGate";
 constexpr int32_t kStreamGateFixedInputs = 4;
 constexpr int32_t kStreamGateSinceVersion = 1;
+constexpr uint32_t kStreamGateInt64Inputs = 0u;  // bit i: input i is int64
 constexpr char const* const kStreamGateFixedInputNames[] = {"gate_weight", "gate_bias", "gate_scale", "z"};
 
 // ---- SourceScores ----------------------------------------------------------
@@ -141,6 +145,7 @@ constexpr char const* const kStreamGateFixedInputNames[] = {"gate_weight", "gate
 constexpr char const* kSourceScoresName = "SourceScores";
 constexpr int32_t kSourceScoresFixedInputs = 3;
 constexpr int32_t kSourceScoresSinceVersion = 1;
+constexpr uint32_t kSourceScoresInt64Inputs = 0u;  // bit i: input i is int64
 constexpr char const* const kSourceScoresFixedInputNames[] = {"conv_weight", "queries", "source"};
 
 // ---- ScoredMixer -----------------------------------------------------------
@@ -148,6 +153,7 @@ constexpr char const* const kSourceScoresFixedInputNames[] = {"conv_weight", "qu
 constexpr char const* kScoredMixerName = "ScoredMixer";
 constexpr int32_t kScoredMixerFixedInputs = 5;
 constexpr int32_t kScoredMixerSinceVersion = 1;
+constexpr uint32_t kScoredMixerInt64Inputs = 0u;  // bit i: input i is int64
 constexpr char const* const kScoredMixerFixedInputNames[] = {"gate_weight", "gate_bias", "gate_scale", "conv_weight", "scores"};
 
 // ---- ConvState -------------------------------------------------------------
@@ -155,6 +161,7 @@ constexpr char const* const kScoredMixerFixedInputNames[] = {"gate_weight", "gat
 constexpr char const* kConvStateName = "ConvState";
 constexpr int32_t kConvStateFixedInputs = 2;
 constexpr int32_t kConvStateSinceVersion = 2;
+constexpr uint32_t kConvStateInt64Inputs = 2u;  // bit i: input i is int64
 constexpr char const* const kConvStateFixedInputNames[] = {"past", "mask"};
 
 } // namespace msar

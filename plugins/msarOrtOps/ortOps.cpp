@@ -153,12 +153,11 @@ void takeSourcesAndOutput(Ort::KernelContext& ctx, char const* op, std::size_t f
     p.h = ctx.GetOutput(0, x0.shape).GetTensorMutableRawData();
 }
 
-//! Every port in the registered storage type T; a kernel with float32 ports (the scores) or int64
-//! ports (an index) says which.
+//! Every port in the registered storage type T but the contract's int64 ones (each kernel's
+//! kInt64Inputs, from the generated header); a kernel with float32 ports (the scores) says which.
 struct AllStorageTyped
 {
     static bool float32Input(std::size_t) { return false; }
-    static bool int64Input(std::size_t) { return false; }
     static constexpr bool kFloat32Output = false;
 };
 
@@ -168,6 +167,7 @@ struct FusedMixerKernel : AllStorageTyped
     static constexpr char const* kName = msar::kFusedMixerName;
     static constexpr std::size_t kFixed = msar::kFusedMixerFixedInputs;
     static constexpr int kSince = msar::kFusedMixerSinceVersion;
+    static constexpr uint32_t kInt64Inputs = msar::kFusedMixerInt64Inputs;
     static constexpr bool kVariadic = true;
 
     FusedMixerKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
@@ -211,6 +211,7 @@ struct DepthRetrievalKernel : AllStorageTyped
     static constexpr char const* kName = msar::kDepthRetrievalName;
     static constexpr std::size_t kFixed = msar::kDepthRetrievalFixedInputs;
     static constexpr int kSince = msar::kDepthRetrievalSinceVersion;
+    static constexpr uint32_t kInt64Inputs = msar::kDepthRetrievalInt64Inputs;
     static constexpr bool kVariadic = true;
 
     DepthRetrievalKernel(OrtApi const& api, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
@@ -253,8 +254,8 @@ struct SourceViewsKernel : AllStorageTyped
     static constexpr char const* kName = msar::kSourceViewsName;
     static constexpr std::size_t kFixed = msar::kSourceViewsFixedInputs;
     static constexpr int kSince = msar::kSourceViewsSinceVersion;
+    static constexpr uint32_t kInt64Inputs = msar::kSourceViewsInt64Inputs;  // index, mask
     static constexpr bool kVariadic = false;
-    static bool int64Input(std::size_t i) { return i == 2 || i == 4; }  // index, mask
 
     SourceViewsKernel(OrtApi const&, OrtKernelInfo const* info, Storage storage) : mStorage(storage)
     {
@@ -302,10 +303,10 @@ struct SourceViewsKernel : AllStorageTyped
 //! The decode graph's next convolution state, from the past state and every source, padding zeroed.
 struct ConvStateKernel : AllStorageTyped
 {
-    static bool int64Input(std::size_t i) { return i == 1; }  // mask
     static constexpr char const* kName = msar::kConvStateName;
     static constexpr std::size_t kFixed = msar::kConvStateFixedInputs;
     static constexpr int kSince = msar::kConvStateSinceVersion;
+    static constexpr uint32_t kInt64Inputs = msar::kConvStateInt64Inputs;  // mask
     static constexpr bool kVariadic = true;
 
     ConvStateKernel(OrtApi const&, OrtKernelInfo const*, Storage storage) : mStorage(storage) {}
@@ -346,6 +347,7 @@ struct StreamGateKernel : AllStorageTyped
     static constexpr char const* kName = msar::kStreamGateName;
     static constexpr std::size_t kFixed = msar::kStreamGateFixedInputs;
     static constexpr int kSince = msar::kStreamGateSinceVersion;
+    static constexpr uint32_t kInt64Inputs = msar::kStreamGateInt64Inputs;
     static constexpr bool kVariadic = false;
 
     StreamGateKernel(OrtApi const&, OrtKernelInfo const*, Storage storage) : mStorage(storage) {}
@@ -374,6 +376,7 @@ struct ScoredMixerKernel : AllStorageTyped
     static constexpr char const* kName = msar::kScoredMixerName;
     static constexpr std::size_t kFixed = msar::kScoredMixerFixedInputs;
     static constexpr int kSince = msar::kScoredMixerSinceVersion;
+    static constexpr uint32_t kInt64Inputs = msar::kScoredMixerInt64Inputs;
     static constexpr bool kVariadic = true;
     static constexpr std::size_t kScores = kFixed - 1;  // the one float32 input
     static bool float32Input(std::size_t i) { return i == kScores; }
@@ -417,6 +420,7 @@ struct SourceScoresKernel : AllStorageTyped
     static constexpr char const* kName = msar::kSourceScoresName;
     static constexpr std::size_t kFixed = msar::kSourceScoresFixedInputs;
     static constexpr int kSince = msar::kSourceScoresSinceVersion;
+    static constexpr uint32_t kInt64Inputs = msar::kSourceScoresInt64Inputs;
     static constexpr bool kVariadic = false;
     static constexpr bool kFloat32Output = true;
 
@@ -506,7 +510,7 @@ struct Op : Ort::CustomOpBase<Op<Kernel>, Wrapped<Kernel>, true>
     ONNXTensorElementDataType GetInputType(std::size_t i) const
     {
         return Kernel::float32Input(i) ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
-               : Kernel::int64Input(i) ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+               : i < 32 && (Kernel::kInt64Inputs >> i) & 1U ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
                                        : mType;
     }
     OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(std::size_t i) const
