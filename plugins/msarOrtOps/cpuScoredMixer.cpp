@@ -1,19 +1,22 @@
 /*
  * ScoredMixer on the CPU: FusedMixer's weighted sum and gate over given scores (SourceScores made
  * them once per source). With no scoring pass nothing has to be kept between passes over the
- * sources, so the loops run channel-vector outer and source inner, with z in registers:
- *   0. alpha = the softmax over the sources of each (token, stream)'s scores, [B][T][n][m];
+ * sources, so the loops run channel-vector outer and source inner:
+ *   0. alpha = the softmax over the sources of each (token, stream)'s scores, [B][n][m][T] (one
+ *      stream's weights contiguous in t);
  *   1. per (batch row, group of kGroup channel vectors), for a block of tokens: every source's rows
- *      for the group are copied into a contiguous stage (zeros before t = 0), then for one vector
- *      of channels and two tokens z of every stream stays in registers, summed over the sources;
- *      each source's window rows (kmax + 1 of them) are loaded once into registers and every
- *      stream's taps read from L1 (one vector's taps of all sources: n x K x 64 B). z goes to a
- *      block buffer and the gate logits' partial sums (per group) are taken while it is in registers;
+ *      for the group are copied into a contiguous stage (zeros before t = 0); then per channel vector
+ *      and source, one stream at a time, the stream's taps stay in registers while kR tokens' views
+ *      are made from kR + k - 1 window rows (each loaded once) and added, weighted, into z ([tokens]
+ *      [m] vectors, L1). z goes to a block buffer and the gate logits' partial sums (per group) are
+ *      taken while it is in L1;
  *   2. per token: the gates from the summed partial logits, h = sum_r g_r z_r.
- * Sources that are not float32 rows of whole vectors are converted once per call. The unrolled
- * two-token loop is compiled for stream_kernels [1, 4, 8, 12]; other kernel lists take a loop with
- * run-time bounds.
+ * Sources that are not float32 rows of whole vectors are converted once per call. Kernels up to
+ * views::kUnrolled run unrolled loops; longer ones, and the tokens after the last whole kR, a loop
+ * with run-time bounds. The scratch buffers are the calling thread's and kept between calls (fresh
+ * ones cost page faults on every call).
  */
+#include "cpuConvViews.h"
 #include "cpuKernels.h"
 #include "cpuVector.h"
 
@@ -29,89 +32,109 @@ constexpr int64_t kMaxStreams = 8;
 constexpr int64_t kGroup = 4;                // channel vectors per work item of phase 1
 constexpr int64_t kBlock = 64;               // tokens per block: the stage of 17 sources is 330 KB (L2)
 
+//! The calling thread's scratch, kept between calls: taps 0.8 MB, z 0.5 MB at d 512, 17 sources.
+struct Scratch
+{
+    std::vector<float> taps, alpha, z, logitParts;
+};
+thread_local Scratch tScratch;
+
+//! One call's problem and buffers; the large ones are the calling thread's (workers read them
+//! through these references).
 struct Prepared
 {
     FusedMixerProblem const* p;
     int64_t m, dp, nv, H, groups;
     StreamTaps st;  // K taps per source, stream r's first at st.offsets[r]
-    bool fast;                       // stream_kernels == [1, 4, 8, 12]
-    std::vector<float> taps;         // [nv][n][K][kVW]
+    std::vector<float>& taps = tScratch.taps;  // [nv][n][K][kVW]
     std::vector<float> gate;         // [m out][m in][dp]
     float bias[kMaxStreams];
     float scale;
-    std::vector<float> alpha;        // [B][T][n][m]
+    std::vector<float>& alpha = tScratch.alpha;  // [B][n][m][T]
     std::vector<float const*> rows;  // per source: float32 rows, stride rs
     int64_t rs;
     std::vector<float> converted;    // sources that are not float32 rows of whole vectors
     int64_t t0, tn;                  // the current block of tokens
-    std::vector<float> z;            // [B][tn][m][dp]
-    std::vector<float> logitParts;   // [groups][B][tn][m]
+    std::vector<float>& z = tScratch.z;  // [B][tn][m][dp]
+    std::vector<float>& logitParts = tScratch.logitParts;  // [groups][B][tn][m]
 };
 
-//! Two tokens (t, t+1) of one channel vector, one source: rows[u] = x[t - H + u], u = 0..H+1.
-template <int64_t H>
-struct Fast4812
-{
-    template <int64_t k>
-    static inline __attribute__((always_inline)) void stream(vf const* row, float const* taps, float a0, float a1,
-                                                             vf& z0, vf& z1)
-    {
-        vf p0{}, q0{}, p1{}, q1{};  // even and odd taps apart: four independent FMA chains
-#pragma GCC unroll 16
-        for (int64_t j = 0; j < k; ++j)
-        {
-            vf const tap = vload(taps + j * kVW);
-            int64_t const u = H + 1 - k + j;  // tap j multiplies token t-(k-1-j)
-            if (j % 2 == 0)
-            {
-                p0 += tap * row[u];
-                p1 += tap * row[u + 1];
-            }
-            else
-            {
-                q0 += tap * row[u];
-                q1 += tap * row[u + 1];
-            }
-        }
-        z0 += vsplat(a0) * (p0 + q0);
-        z1 += vsplat(a1) * (p1 + q1);
-    }
 
-    static inline __attribute__((always_inline)) void source(float const* x, int64_t rs, float const* taps,
-                                                             float const* a0, float const* a1, vf* z0, vf* z1)
-    {
-        vf row[H + 2];
-#pragma GCC unroll 16
-        for (int64_t u = 0; u < H + 2; ++u)
-        {
-            row[u] = vload(x + u * rs);
-        }
-        z0[0] += vsplat(a0[0]) * row[H];
-        z1[0] += vsplat(a1[0]) * row[H + 1];
-        stream<4>(row, taps, a0[1], a1[1], z0[1], z1[1]);
-        stream<8>(row, taps + 4 * kVW, a0[2], a1[2], z0[2], z1[2]);
-        stream<12>(row, taps + 12 * kVW, a0[3], a1[3], z0[3], z1[3]);
-    }
-};
+constexpr int64_t kR = 8;  // tokens whose views one register pass makes (kR + 12 taps: 20 registers)
 
-//! One token of one channel vector, any kernels: z[r] += alpha[r] * view_r; x is the token's row in a
-//! stage (rows rs floats apart, zeros before t = 0).
-inline void anyToken(Prepared const& P, float const* x, int64_t rs, float const* taps, float const* a, vf* z)
+//! z[t] += a[t] * view_t for tokens t in [0, count), count a multiple of kR, one stream of kernel
+//! K: the taps stay in registers and each window row is loaded once per kR tokens. x: the row of
+//! token 0's first tap (token t - (K - 1)), rows rs floats apart; w: the stream's K taps.
+template <int64_t K>
+inline __attribute__((always_inline)) void slide(float const* x, int64_t rs, float const* w, float const* a, vf* z,
+                                                 int64_t count)
 {
-    z[0] += vsplat(a[0]) * vload(x);
-    for (int64_t r = 1; r < P.m; ++r)
+    vf tap[K];
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < K; ++j)
     {
-        int64_t const k = P.p->kernels[r];
-        vf acc = vf{};
-        for (int64_t j = 0; j < k; ++j)
+        tap[j] = vload(w + j * kVW);
+    }
+    for (int64_t t0 = 0; t0 < count; t0 += kR)
+    {
+        vf acc[kR];
+#pragma GCC unroll 16
+        for (int64_t t = 0; t < kR; ++t)
         {
-            acc += vload(taps + (P.st.offsets[r] + j) * kVW) * vload(x + (j - (k - 1)) * rs);
+            acc[t] = vf{};
         }
-        z[r] += vsplat(a[r]) * acc;
+#pragma GCC unroll 32
+        for (int64_t u = 0; u < kR + K - 1; ++u)
+        {
+            vf const xv = vload(x + (t0 + u) * rs);
+#pragma GCC unroll 16
+            for (int64_t t = 0; t < kR; ++t)
+            {
+                if (u - t >= 0 && u - t < K)
+                {
+                    acc[t] += tap[u - t] * xv;
+                }
+            }
+        }
+#pragma GCC unroll 16
+        for (int64_t t = 0; t < kR; ++t)
+        {
+            z[t0 + t] += vsplat(a[t0 + t]) * acc[t];
+        }
     }
 }
 
-constexpr int64_t kSourceGroup = 4;  // sources whose rows and taps L1 holds while z stays in registers
+//! One stream's tokens [from, count) one at a time, any kernel k (the same arguments as slide).
+inline void slideAny(int64_t k, float const* x, int64_t rs, float const* w, float const* a, vf* z, int64_t from,
+                     int64_t count)
+{
+    for (int64_t t = from; t < count; ++t)
+    {
+        vf acc = vf{};
+        for (int64_t j = 0; j < k; ++j)
+        {
+            acc += vload(w + j * kVW) * vload(x + (t + j) * rs);
+        }
+        z[t] += vsplat(a[t]) * acc;
+    }
+}
+
+//! Stream of kernel k over `count` tokens: unrolled for whole kR runs, then the rest token by token.
+inline void stream(int64_t k, float const* x, int64_t rs, float const* w, float const* a, vf* z, int64_t count)
+{
+    int64_t const whole = k <= views::kUnrolled ? count / kR * kR : 0;
+    switch (whole > 0 ? k : 0)
+    {
+#define MSAR_CASE(KK)                                                                                                 \
+    case KK: slide<KK>(x, rs, w, a, z, whole); break;
+        MSAR_CASE(1) MSAR_CASE(2) MSAR_CASE(3) MSAR_CASE(4) MSAR_CASE(5) MSAR_CASE(6) MSAR_CASE(7) MSAR_CASE(8)
+        MSAR_CASE(9) MSAR_CASE(10) MSAR_CASE(11) MSAR_CASE(12) MSAR_CASE(13) MSAR_CASE(14) MSAR_CASE(15) MSAR_CASE(16)
+#undef MSAR_CASE
+    default: break;
+    }
+    static_assert(views::kUnrolled == 16, "one case per unrolled kernel size");
+    slideAny(k, x, rs, w, a, z, whole, count);
+}
 
 thread_local std::vector<vf> tLogits, tZ;
 thread_local std::vector<float> tStage;
@@ -152,59 +175,32 @@ void vectorBlock(Prepared& P, int64_t b, int64_t c, float const* stage, vf* logi
     int64_t const m = P.m, n = p.n, dp = P.dp, nm = n * m, H = P.H, tn = P.tn, span = tn + H + 1;
     int64_t const rs = kGroup * kVW;
     float const* taps = P.taps.data() + c * n * P.st.K * kVW;
-    float const* alpha = P.alpha.data() + (b * p.T + P.t0) * nm;
+    float const* alpha = P.alpha.data() + b * nm * p.T + P.t0;  // [n][m][T]
     stage += (c % kGroup) * kVW;
-    vf* zb = tZ.data();  // [tn][m]
+    vf* zb = tZ.data();  // [m][tn]
     std::fill_n(zb, tn * m, vf{});
-    for (int64_t i0 = 0; i0 < n; i0 += kSourceGroup)
+    for (int64_t i = 0; i < n; ++i)
     {
-        int64_t const i1 = std::min(n, i0 + kSourceGroup);
-        if (P.fast)
+        float const* rows = stage + i * span * rs;  // row u: token t0 - H + u
+        float const* tp = taps + i * P.st.K * kVW;
+        float const* a = alpha + i * m * p.T;
+        for (int64_t tt = 0; tt < tn; ++tt)
         {
-            for (int64_t tt = 0; tt < tn; tt += 2)
-            {
-                bool const pair = tt + 1 < tn;
-                vf z0[4], z1[4];
-                for (int64_t r = 0; r < 4; ++r)
-                {
-                    z0[r] = zb[tt * 4 + r];
-                    z1[r] = pair ? zb[(tt + 1) * 4 + r] : vf{};
-                }
-                float const* a0 = alpha + tt * nm;
-                float const* a1 = pair ? a0 + nm : a0;
-                for (int64_t i = i0; i < i1; ++i)
-                {
-                    Fast4812<11>::source(stage + (i * span + tt) * rs, rs, taps + i * P.st.K * kVW, a0 + i * m,
-                                         a1 + i * m, z0, z1);
-                }
-                for (int64_t r = 0; r < 4; ++r)
-                {
-                    zb[tt * 4 + r] = z0[r];
-                    if (pair)
-                    {
-                        zb[(tt + 1) * 4 + r] = z1[r];
-                    }
-                }
-            }
+            zb[tt] += vsplat(a[tt]) * vload(rows + (tt + H) * rs);
         }
-        else
+        for (int64_t r = 1; r < m; ++r)
         {
-            for (int64_t tt = 0; tt < tn; ++tt)
-            {
-                for (int64_t i = i0; i < i1; ++i)
-                {
-                    anyToken(P, stage + (i * span + tt + H) * rs, rs, taps + i * P.st.K * kVW, alpha + tt * nm + i * m,
-                             zb + tt * m);
-                }
-            }
+            int64_t const k = p.kernels[r];
+            stream(k, rows + (H - (k - 1)) * rs, rs, tp + P.st.offsets[r] * kVW, a + r * p.T, zb + r * tn, tn);
         }
     }
     for (int64_t tt = 0; tt < tn; ++tt)
     {
-        vf const* z = zb + tt * m;
+        vf z[kMaxStreams];
         float* dst = P.z.data() + ((b * tn + tt) * m) * dp + c * kVW;
         for (int64_t r = 0; r < m; ++r)
         {
+            z[r] = zb[r * tn + tt];
             vstore(dst + r * dp, z[r]);
         }
         for (int64_t o = 0; o < m; ++o)
@@ -282,7 +278,7 @@ void softmax(void* data, std::size_t item)
     Prepared& P = *static_cast<Prepared*>(data);
     FusedMixerProblem const& p = *P.p;
     int64_t const bt = static_cast<int64_t>(item), b = bt / p.T, t = bt % p.T, n = p.n, m = P.m;
-    float* out = P.alpha.data() + bt * n * m;
+    float* out = P.alpha.data() + b * n * m * p.T + t;  // [B][n][m][T]
     for (int64_t r = 0; r < m; ++r)
     {
         float max = -std::numeric_limits<float>::infinity();
@@ -294,13 +290,13 @@ void softmax(void* data, std::size_t item)
         for (int64_t i = 0; i < n; ++i)
         {
             float const e = std::exp(p.scores[((i * p.B + b) * p.T + t) * m + r] - max);
-            out[i * m + r] = e;
+            out[(i * m + r) * p.T] = e;
             sum += e;
         }
         float const inv = 1.F / sum;
         for (int64_t i = 0; i < n; ++i)
         {
-            out[i * m + r] *= inv;
+            out[(i * m + r) * p.T] *= inv;
         }
     }
 }
@@ -315,7 +311,6 @@ void scoredMixer(FusedMixerProblem const& p, Parallel const& parallel)
     P.st = streamTaps(p.kernels);
     P.H = P.st.kmax - 1;
     int64_t const K = P.st.K;
-    P.fast = p.kernels == std::vector<int32_t>{1, 4, 8, 12};
     int64_t const d = p.d, m = P.m, n = p.n;
     P.dp = padded(d);
     P.nv = P.dp / kVW;

@@ -37,7 +37,7 @@ inline void vstore(float* p, vf v)
 
 inline vf vsplat(float x)
 {
-    return vf{} + x;
+    return x - vf{};  // not vf{} + x: +0 is no identity for -0, so that form costs an add per splat
 }
 
 inline float hsum(vf v)
