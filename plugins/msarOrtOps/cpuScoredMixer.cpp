@@ -136,6 +136,50 @@ inline void stream(int64_t k, float const* x, int64_t rs, float const* w, float 
     slideAny(k, x, rs, w, a, z, whole, count);
 }
 
+//! Stores z ([m][tn] vectors) as [tn][m][dp] rows for the gate pass, and adds each token's gate logits'
+//! vector partial sums (W's d-blocks for this vector of channels: gate[(o * m + r) * dp]) into
+//! logits [tn][m]; the m x m weight vectors are loaded once per block.
+template <int64_t M>
+void gatePartsM(vf const* zb, int64_t tn, float const* gate, int64_t dp, float* dst, vf* logits)
+{
+    vf w[M * M];
+    for (int64_t i = 0; i < M * M; ++i)
+    {
+        w[i] = vload(gate + i * dp);
+    }
+    for (int64_t tt = 0; tt < tn; ++tt)
+    {
+        vf z[M];
+        for (int64_t r = 0; r < M; ++r)
+        {
+            z[r] = zb[r * tn + tt];
+            vstore(dst + (tt * M + r) * dp, z[r]);
+        }
+        for (int64_t o = 0; o < M; ++o)
+        {
+            vf acc = logits[tt * M + o];
+            for (int64_t r = 0; r < M; ++r)
+            {
+                acc += w[o * M + r] * z[r];
+            }
+            logits[tt * M + o] = acc;
+        }
+    }
+}
+
+void gateParts(int64_t m, vf const* zb, int64_t tn, float const* gate, int64_t dp, float* dst, vf* logits)
+{
+    switch (m)
+    {
+#define MSAR_CASE(M)                                                                                                  \
+    case M: gatePartsM<M>(zb, tn, gate, dp, dst, logits); return;
+        MSAR_CASE(1) MSAR_CASE(2) MSAR_CASE(3) MSAR_CASE(4) MSAR_CASE(5) MSAR_CASE(6) MSAR_CASE(7) MSAR_CASE(8)
+#undef MSAR_CASE
+    default: throw std::invalid_argument("at most 8 streams");
+    }
+    static_assert(kMaxStreams == 8, "one case per stream count");
+}
+
 thread_local std::vector<vf> tLogits, tZ;
 thread_local std::vector<float> tStage;
 
@@ -184,35 +228,17 @@ void vectorBlock(Prepared& P, int64_t b, int64_t c, float const* stage, vf* logi
         float const* rows = stage + i * span * rs;  // row u: token t0 - H + u
         float const* tp = taps + i * P.st.K * kVW;
         float const* a = alpha + i * m * p.T;
-        for (int64_t tt = 0; tt < tn; ++tt)
-        {
-            zb[tt] += vsplat(a[tt]) * vload(rows + (tt + H) * rs);
-        }
         for (int64_t r = 1; r < m; ++r)
         {
             int64_t const k = p.kernels[r];
             stream(k, rows + (H - (k - 1)) * rs, rs, tp + P.st.offsets[r] * kVW, a + r * p.T, zb + r * tn, tn);
         }
-    }
-    for (int64_t tt = 0; tt < tn; ++tt)
-    {
-        vf z[kMaxStreams];
-        float* dst = P.z.data() + ((b * tn + tt) * m) * dp + c * kVW;
-        for (int64_t r = 0; r < m; ++r)
+        for (int64_t tt = 0; tt < tn; ++tt)  // after the streams: their loops brought the rows into L1
         {
-            z[r] = zb[r * tn + tt];
-            vstore(dst + r * dp, z[r]);
-        }
-        for (int64_t o = 0; o < m; ++o)
-        {
-            vf acc = logits[tt * m + o];
-            for (int64_t r = 0; r < m; ++r)
-            {
-                acc += vload(P.gate.data() + (o * m + r) * dp + c * kVW) * z[r];
-            }
-            logits[tt * m + o] = acc;
+            zb[tt] += vsplat(a[tt]) * vload(rows + (tt + H) * rs);
         }
     }
+    gateParts(P.m, zb, tn, P.gate.data() + c * kVW, dp, P.z.data() + (b * tn * m) * dp + c * kVW, logits);
 }
 
 void phase1(void* data, std::size_t item)

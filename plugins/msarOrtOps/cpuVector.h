@@ -40,14 +40,19 @@ inline vf vsplat(float x)
     return x - vf{};  // not vf{} + x: +0 is no identity for -0, so that form costs an add per splat
 }
 
+//! The lanes' sum as a tree of halvings (a lane-by-lane loop compiles to a chain of kVW dependent adds).
 inline float hsum(vf v)
 {
-    float s = 0.F;
-    for (int64_t i = 0; i < kVW; ++i)
-    {
-        s += v[i];
-    }
-    return s;
+    typedef float v8 __attribute__((vector_size(8 * sizeof(float))));
+    typedef float v4 __attribute__((vector_size(4 * sizeof(float))));
+#if defined(__AVX512F__)
+    v8 const h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    v8 const h8 = v;
+#endif
+    v4 const h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
 //! d rounded up to whole vectors: the scratch rows' stride.
