@@ -67,7 +67,7 @@ def cmd_bench(a) -> int:
             raise InputError(f"--depth-sweep takes comma-separated block counts, got {a.depth_sweep!r}") from None
         if min(depths) < 1:
             raise InputError("--depth-sweep: block counts must be positive")
-        res = run_depth_sweep(depths, threads=a.threads, repeats=a.repeats or 3, log=say)
+        res = run_depth_sweep(depths, threads=a.threads, repeats=a.repeats or 5, log=say)
         write_depth_sweep(res, Path(a.out), Path(a.update_readme) if a.update_readme else None)
         print(depth_table(res))
         return 0

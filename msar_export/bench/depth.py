@@ -2,12 +2,14 @@
 with depth, next to the multiply-add model of issue 21 (each mixer recomputes its sources'
 views: 36 multiply-adds per channel, source and token; the gate m*m*d per token and mixer), and
 of the `--mixer-op scored` graph; native kernels (FusedMixer and scored files) and function
-bodies side by side, one process, interleaved medians."""
+bodies, one process, each alternated with the standard graph alone (bench/paired.py: four graphs
+in one round-robin put the function bodies' run before the scored one and moved its ratio by 0.15)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -41,12 +43,12 @@ def mac_model(cfg: MSARConfig, T: int) -> dict:
 
 
 def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int = 512, threads: int = 2,
-                    repeats: int = 3, log=None) -> dict:
+                    repeats: int = 5, log=None) -> dict:
     log = log or silent
     from ..export import ExportOptions, export_model
     from ..runtime import OrtModel
     from .models import native_available, random_model
-    from .timing import interleaved, machine_description
+    from .timing import interleaved_samples, machine_description
 
     from .run import BenchSettings
 
@@ -70,16 +72,26 @@ def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int =
                     ort_ops = {"ort": None, "scored": "native"}.get(how, how)
                     runs[how] = OrtModel(path, threads=threads, ort_ops=ort_ops).ort
             ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, T))
-            t = interleaved({k: (lambda g=g: g.logits(ids)) for k, g in runs.items()}, 1, repeats)
-        std = t["ort"].median_s
-        row = {"n_blocks": n_blocks, "standard_ms": round(std * 1e3, 1), **mac_model(cfg, T)}
-        for how in hows:
-            row[f"msar_{how}_ms"] = round(t[how].median_s * 1e3, 1)
-            row[f"ratio_{how}"] = round(t[how].median_s / std, 3)
+            std, row = [], {"n_blocks": n_blocks}
+            for how in hows:
+                s = interleaved_samples({"msar": lambda g=runs[how]: g.logits(ids),
+                                         "ort": lambda g=runs["ort"]: g.logits(ids)}, 1, repeats)
+                std += s["ort"]
+                ratios = sorted(a / b for a, b in zip(s["msar"], s["ort"]))
+                row[f"msar_{how}_ms"] = round(statistics.median(s["msar"]) * 1e3, 1)
+                row[f"ratio_{how}"] = round(statistics.median(ratios), 3)
+                row[f"ratio_{how}_spread"] = [round(ratios[0], 3), round(ratios[-1], 3)]
+        row = {"n_blocks": n_blocks, "standard_ms": round(statistics.median(std) * 1e3, 1), **mac_model(cfg, T),
+               **{k: v for k, v in row.items() if k != "n_blocks"}}
         log(f"  {n_blocks} blocks: " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "n_blocks"))
         rows.append(row)
     return {"machine": machine_description(threads), "d_model": base.d_model, "tokens": T,
             "stream_kernels": list(base.stream_kernels), "repeats": repeats, "rows": rows}
+
+
+def spread(row: dict, how: str) -> str:
+    lo_hi = row.get(f"ratio_{how}_spread")
+    return f" ({lo_hi[0]}-{lo_hi[1]})" if lo_hi else ""
 
 
 def depth_table(res: dict) -> str:
@@ -87,8 +99,11 @@ def depth_table(res: dict) -> str:
     hows = [h for h in ("native", "scored", "function") if f"ratio_{h}" in res["rows"][0]]
     scored = "predicted_ratio_scored" in res["rows"][0]
     lines = [f"Measured {m['date']} on {m['cpu']} ({m['threads']} threads), onnxruntime {m['onnxruntime']}; random "
-             f"models, d_model {res['d_model']}, kernels {res['stream_kernels']}, prefill 1x{res['tokens']}, median "
-             f"of {res['repeats']} interleaved runs. Predicted: 1 + mixing / rest multiply-adds (each mixer "
+             f"models, d_model {res['d_model']}, kernels {res['stream_kernels']}, prefill 1x{res['tokens']}; "
+             + ("each msar graph alternated with the standard one alone, the median of the per-round ratios "
+                f"(their spread) over {res['repeats']} rounds" if any(k.endswith("_spread") for k in res["rows"][0])
+                else f"median of {res['repeats']} interleaved runs")
+             + ". Predicted: 1 + mixing / rest multiply-adds (each mixer "
              "recomputing its views" + ("; scored: `--mixer-op scored`, each source's views and scores made once)."
                                         if scored else ")."), "",
              "| n_blocks | standard ms | " + " | ".join(f"msar {h} ms | msar/standard {h}" for h in hows)
@@ -96,7 +111,7 @@ def depth_table(res: dict) -> str:
              "| --- | --- | " + " | ".join("--- | ---" for _ in hows) + " | --- |" + (" --- |" if scored else "")
              + " --- |"]
     for r in res["rows"]:
-        cells = " | ".join(f"{r[f'msar_{h}_ms']} | {r[f'ratio_{h}']}" for h in hows)
+        cells = " | ".join(f"{r[f'msar_{h}_ms']} | {r[f'ratio_{h}']}" + spread(r, h) for h in hows)
         pred = f"{r['predicted_ratio']} | " + (f"{r['predicted_ratio_scored']} | " if scored else "")
         lines.append(f"| {r['n_blocks']} | {r['standard_ms']} | {cells} | {pred}"
                      f"{r['mixing_macs_per_token'] / 1e6:.2f} M / {r['rest_macs_per_token'] / 1e6:.1f} M |")

@@ -13,8 +13,8 @@
  *   2. per token: the gates from the summed partial logits, h = sum_r g_r z_r.
  * Sources that are not float32 rows of whole vectors are converted once per call. Kernels up to
  * views::kUnrolled run unrolled loops; longer ones, and the tokens after the last whole kR, a loop
- * with run-time bounds. The scratch buffers are the calling thread's and kept between calls (fresh
- * ones cost page faults on every call).
+ * with run-time bounds. The scratch buffers are the calling thread's and kept between calls while
+ * they are small (fresh ones cost page faults on every call).
  */
 #include "cpuConvViews.h"
 #include "cpuKernels.h"
@@ -32,10 +32,20 @@ constexpr int64_t kMaxStreams = 8;
 constexpr int64_t kGroup = 4;                // channel vectors per work item of phase 1
 constexpr int64_t kBlock = 64;               // tokens per block: the stage of 17 sources is 330 KB (L2)
 
-//! The calling thread's scratch, kept between calls: taps 0.8 MB, z 0.5 MB at d 512, 17 sources.
+//! The calling thread's scratch, kept between calls while it is small (taps 0.8 MB, z 0.5 MB at d 512,
+//! 17 sources; at d 4096, 65 sources, T 4096 it would be 34 MB, and is given back after each call).
 struct Scratch
 {
     std::vector<float> taps, alpha, z, logitParts;
+
+    void trim()
+    {
+        constexpr std::size_t kKeptFloats = std::size_t{4} << 20;  // 16 MB
+        if (taps.capacity() + alpha.capacity() + z.capacity() + logitParts.capacity() > kKeptFloats)
+        {
+            *this = Scratch{};
+        }
+    }
 };
 thread_local Scratch tScratch;
 
@@ -388,6 +398,7 @@ void scoredMixer(FusedMixerProblem const& p, Parallel const& parallel)
         parallel.run(static_cast<std::size_t>(p.B * P.groups), 0, phase1, &P);
         parallel.run(static_cast<std::size_t>(p.B * P.tn), 0, phase2, &P);
     }
+    tScratch.trim();
 }
 
 } // namespace msar::cpu
