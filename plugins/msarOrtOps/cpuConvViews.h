@@ -100,16 +100,11 @@ __attribute__((flatten)) void streamOverTile(int64_t k, float const* rows, int64
 template <int64_t TILE, int64_t R, typename Sink>
 void dispatchStream(int64_t k, float const* rows, int64_t rs, float const* taps, Sink& sink)
 {
-    switch (k)
+    auto const unrolled = [&](auto K) { streamOverTile<decltype(K)::value, TILE, R>(k, rows, rs, taps, sink); };
+    if (!withConstant<kUnrolled>(k, unrolled))
     {
-#define MSAR_CASE(KK)                                                                                                 \
-    case KK: streamOverTile<KK, TILE, R>(k, rows, rs, taps, sink); return;
-        MSAR_CASE(1) MSAR_CASE(2) MSAR_CASE(3) MSAR_CASE(4) MSAR_CASE(5) MSAR_CASE(6) MSAR_CASE(7) MSAR_CASE(8)
-        MSAR_CASE(9) MSAR_CASE(10) MSAR_CASE(11) MSAR_CASE(12) MSAR_CASE(13) MSAR_CASE(14) MSAR_CASE(15) MSAR_CASE(16)
-#undef MSAR_CASE
-    default: streamOverTile<0, TILE, R>(k, rows, rs, taps, sink);
+        streamOverTile<0, TILE, R>(k, rows, rs, taps, sink);
     }
-    static_assert(kUnrolled == 16, "one case per unrolled kernel size");
 }
 
 } // namespace msar::cpu::views

@@ -7,8 +7,8 @@
  *   1. per (batch row, group of kGroup channel vectors), for a block of tokens: every source's rows
  *      for the group are copied into a contiguous stage (zeros before t = 0); then per channel vector
  *      and source, one stream at a time, the stream's taps stay in registers while kR tokens' views
- *      are made from kR + k - 1 window rows (each loaded once) and added, weighted, into z ([tokens]
- *      [m] vectors, L1). z goes to a block buffer and the gate logits' partial sums (per group) are
+ *      are made from kR + k - 1 window rows (each loaded once) and added, weighted, into z ([m]
+ *      [tokens] vectors, L1). z goes to a block buffer and the gate logits' partial sums (per group) are
  *      taken while it is in L1;
  *   2. per token: the gates from the summed partial logits, h = sum_r g_r z_r.
  * Sources that are not float32 rows of whole vectors are converted once per call. Kernels up to
@@ -68,7 +68,6 @@ struct Prepared
     std::vector<float>& z = tScratch.z;  // [B][tn][m][dp]
     std::vector<float>& logitParts = tScratch.logitParts;  // [groups][B][tn][m]
 };
-
 
 constexpr int64_t kR = 8;  // tokens whose views one register pass makes (kR + 12 taps: 20 registers)
 
@@ -133,16 +132,10 @@ inline void slideAny(int64_t k, float const* x, int64_t rs, float const* w, floa
 inline void stream(int64_t k, float const* x, int64_t rs, float const* w, float const* a, vf* z, int64_t count)
 {
     int64_t const whole = k <= views::kUnrolled ? count / kR * kR : 0;
-    switch (whole > 0 ? k : 0)
+    if (whole > 0)
     {
-#define MSAR_CASE(KK)                                                                                                 \
-    case KK: slide<KK>(x, rs, w, a, z, whole); break;
-        MSAR_CASE(1) MSAR_CASE(2) MSAR_CASE(3) MSAR_CASE(4) MSAR_CASE(5) MSAR_CASE(6) MSAR_CASE(7) MSAR_CASE(8)
-        MSAR_CASE(9) MSAR_CASE(10) MSAR_CASE(11) MSAR_CASE(12) MSAR_CASE(13) MSAR_CASE(14) MSAR_CASE(15) MSAR_CASE(16)
-#undef MSAR_CASE
-    default: break;
+        withConstant<views::kUnrolled>(k, [&](auto K) { slide<decltype(K)::value>(x, rs, w, a, z, whole); });
     }
-    static_assert(views::kUnrolled == 16, "one case per unrolled kernel size");
     slideAny(k, x, rs, w, a, z, whole, count);
 }
 
@@ -179,15 +172,10 @@ void gatePartsM(vf const* zb, int64_t tn, float const* gate, int64_t dp, float* 
 
 void gateParts(int64_t m, vf const* zb, int64_t tn, float const* gate, int64_t dp, float* dst, vf* logits)
 {
-    switch (m)
+    if (!withConstant<kMaxStreams>(m, [&](auto M) { gatePartsM<decltype(M)::value>(zb, tn, gate, dp, dst, logits); }))
     {
-#define MSAR_CASE(M)                                                                                                  \
-    case M: gatePartsM<M>(zb, tn, gate, dp, dst, logits); return;
-        MSAR_CASE(1) MSAR_CASE(2) MSAR_CASE(3) MSAR_CASE(4) MSAR_CASE(5) MSAR_CASE(6) MSAR_CASE(7) MSAR_CASE(8)
-#undef MSAR_CASE
-    default: throw std::invalid_argument("at most 8 streams");
+        throw std::invalid_argument("at most 8 streams");
     }
-    static_assert(kMaxStreams == 8, "one case per stream count");
 }
 
 thread_local std::vector<vf> tLogits, tZ;

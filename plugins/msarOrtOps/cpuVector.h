@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace msar::cpu
@@ -38,6 +40,16 @@ inline void vstore(float* p, vf v)
 inline vf vsplat(float x)
 {
     return x - vf{};  // not vf{} + x: +0 is no identity for -0, so that form costs an add per splat
+}
+
+//! Calls f(std::integral_constant<int64_t, v>{}) when 1 <= v <= N, so that f can use v as a
+//! compile-time loop bound, and says whether it did (the unrolled cases of a size known at run time).
+template <int64_t N, typename F>
+inline bool withConstant(int64_t v, F&& f)
+{
+    return [&]<int64_t... I>(std::integer_sequence<int64_t, I...>) {
+        return ((v == I + 1 && (f(std::integral_constant<int64_t, I + 1>{}), true)) || ...);
+    }(std::make_integer_sequence<int64_t, N>{});
 }
 
 //! The lanes' sum as a tree of halvings (a lane-by-lane loop compiles to a chain of kVW dependent adds).
