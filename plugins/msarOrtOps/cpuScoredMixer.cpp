@@ -114,49 +114,62 @@ inline void stream(int64_t k, float const* x, int64_t rs, float const* w, float 
     }
 }
 
-//! The gate over the tile's z ([nv][M][kTile] vectors, W [M][M][dp]): per token t < tn, the gates
-//! g_o = sigmoid(scale * sum_r W[o][r] . z_r[t] + bias[o]), then the output row h = sum_r g_r z_r[t]
-//! (through `row`, padded).
+//! The gate over the tile's z ([nv][M][kTile] vectors, W [M][M][dp]), channel vector outer so that z
+//! is read in order: per token t < tn, g_o = sigmoid(scale * sum_r W[o][r] . z_r[t] + bias[o]), then
+//! the output rows h_t = sum_r g_r z_r[t] (written in place when float32 rows of whole vectors, else
+//! through `rows`, [kTile][dp], converted).
 template <int64_t M>
-void gateM(vf const* z, int64_t tn, Prepared const& P, float* row, int64_t b, int64_t t0)
+void gateM(vf const* z, int64_t tn, Prepared const& P, float* rows, int64_t b, int64_t t0)
 {
     FusedMixerProblem const& p = *P.p;
     float const* W = P.gate.data();
-    for (int64_t t = 0; t < tn; ++t)
+    vf acc[kTile][M] = {};
+    for (int64_t c = 0; c < P.nv; ++c)
     {
-        vf acc[M];
-        for (int64_t o = 0; o < M; ++o)
+        vf w[M * M];
+        for (int64_t i = 0; i < M * M; ++i)
         {
-            acc[o] = vf{};
+            w[i] = vload(W + i * P.dp + c * kVW);
         }
-        for (int64_t c = 0; c < P.nv; ++c)
+        vf const* zc = z + c * M * kTile;
+        for (int64_t t = 0; t < tn; ++t)
         {
-            vf const* zc = z + c * M * kTile + t;
             for (int64_t r = 0; r < M; ++r)
             {
-                vf const zr = zc[r * kTile];
+                vf const zr = zc[r * kTile + t];
                 for (int64_t o = 0; o < M; ++o)
                 {
-                    acc[o] += vload(W + (o * M + r) * P.dp + c * kVW) * zr;
+                    acc[t][o] += w[o * M + r] * zr;
                 }
             }
         }
-        vf g[M];
+    }
+    float g[kTile][M];
+    for (int64_t t = 0; t < tn; ++t)
+    {
         for (int64_t o = 0; o < M; ++o)
         {
-            g[o] = vsplat(1.F / (1.F + std::exp(-(P.scale * hsum(acc[o]) + P.bias[o]))));
+            g[t][o] = 1.F / (1.F + std::exp(-(P.scale * hsum(acc[t][o]) + P.bias[o])));
         }
-        for (int64_t c = 0; c < P.nv; ++c)
+    }
+    bool const direct = p.storage == Storage::kFloat32 && P.dp == p.d;
+    float* out = direct ? static_cast<float*>(p.h) + (b * p.T + t0) * p.d : rows;
+    for (int64_t c = 0; c < P.nv; ++c)
+    {
+        vf const* zc = z + c * M * kTile;
+        for (int64_t t = 0; t < tn; ++t)
         {
-            vf const* zc = z + c * M * kTile + t;
-            vf h = g[0] * zc[0];
+            vf h = vsplat(g[t][0]) * zc[t];
             for (int64_t r = 1; r < M; ++r)
             {
-                h += g[r] * zc[r * kTile];
+                h += vsplat(g[t][r]) * zc[r * kTile + t];
             }
-            vstore(row + c * kVW, h);
+            vstore(out + t * P.dp + c * kVW, h);
         }
-        storeRow(p.h, (b * p.T + t0 + t) * p.d, row, p.d, p.storage);
+    }
+    for (int64_t t = 0; !direct && t < tn; ++t)
+    {
+        storeRow(p.h, (b * p.T + t0 + t) * p.d, rows + t * P.dp, p.d, p.storage);
     }
 }
 
@@ -165,7 +178,7 @@ struct TileBuffers
     std::vector<vf> z;         // [nv][m][kTile]
     std::vector<float> alpha;  // [n][m][kTile]
     std::vector<float> stage;  // one source's window rows, zero-padded, stride rs
-    std::vector<float> h;      // one output row
+    std::vector<float> h;      // [kTile][dp]: output rows that are converted or trimmed
 };
 thread_local TileBuffers tBuf;
 
@@ -218,7 +231,7 @@ void tile(void* data, std::size_t item)
     int64_t const tn = std::min(kTile, p.T - t0);
     bool const inPlace = t0 - H >= 0 && t0 + kTile <= p.T;  // else rows outside [0, T) would be read
     TileBuffers& w = tBuf;
-    w.z.assign(nv * m * kTile, vf{});
+    w.z.resize(nv * m * kTile);  // each channel vector's block is zeroed before its first source
     w.alpha.resize(n * m * kTile);
     tileAlpha(p, m, b, t0, tn, w.alpha.data());
     if (!inPlace)
@@ -257,6 +270,10 @@ void tile(void* data, std::size_t item)
             float const* xc = x + c * kVW;
             float const* tp = taps + c * K * kVW;
             vf* zc = w.z.data() + c * m * kTile;
+            if (i == 0)
+            {
+                std::fill_n(zc, m * kTile, vf{});
+            }
             for (int64_t r = 1; r < m; ++r)
             {
                 int64_t const k = p.kernels[r];
@@ -268,7 +285,7 @@ void tile(void* data, std::size_t item)
             }
         }
     }
-    w.h.resize(P.dp);
+    w.h.resize(kTile * P.dp);
     if (!withConstant<kMaxStreams>(m, [&](auto M) { gateM<decltype(M)::value>(w.z.data(), tn, P, w.h.data(), b, t0); }))
     {
         throw std::invalid_argument("at most 8 streams");
