@@ -26,6 +26,7 @@ SCORES_CASES = [  # (kernels, B, T, d, P)
     ([1, 2, 3, 4, 5, 6, 7, 8], 1, 5, 16, 2),  # eight streams, fewer tokens than the longest kernel
     ([1, 17, 5], 1, 9, 24, 7),         # a kernel longer than the rest
     ([1, 4, 8, 12], 1, 33, 64, 17),    # whole vectors, the first source of an 8-block model (P = 17)
+    ([1, 4, 8, 12], 2, 40, 64, 3),     # float32 whole chunks: a tile inside the sequence read in place, batch 2
     ([1], 2, 20, 16, 4),               # identity stream only
 ]
 

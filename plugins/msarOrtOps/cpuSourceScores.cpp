@@ -1,8 +1,9 @@
 /*
  * SourceScores on the CPU: one source's retrieval scores against the queries of every later mixer,
  * so that each ScoredMixer skips FusedMixer's scoring pass (its views made again for every mixer).
- * One work item is one (batch row, tile of kTile tokens). The tile's window (kmax-1 rows before it,
- * zeros before t = 0) is converted to float32 once; then per stream: the tile's views (L1), their
+ * One work item is one (batch row, tile of kTile tokens). The tile's window (kmax-1 rows before it)
+ * is read in place when it lies inside the sequence in float32 rows of whole chunks, else converted to
+ * float32 once, zeros before t = 0 and past T; then per stream: the tile's views (L1), their
  * norms, and the dots against the P queries, 4 tokens x 4 queries per block so that each view and
  * query vector loaded feeds 4 FMAs.
  */
@@ -93,19 +94,25 @@ void tile(Prepared const& P, int64_t item)
     tWindow.resize(std::max<std::size_t>(tWindow.size(), rows * dpc));
     tViews.resize(std::max<std::size_t>(tViews.size(), kTile * dpc));
     tDots.resize(std::max<std::size_t>(tDots.size(), kTile * p.P));
-    float* win = tWindow.data();
+    float const* win = static_cast<float const*>(p.source) + (b * p.T + t0 - H) * d;
     float* views = tViews.data();
-    for (int64_t u = 0; u < rows; ++u)
+    if (p.storage != Storage::kFloat32 || dpc != d || t0 - H < 0 || t0 + kTile > p.T)
     {
-        int64_t const t = t0 - H + u;
-        if (t < 0 || t >= p.T)
+        // a float32 copy, zeros before the sequence start and past its end; else the rows are read in place
+        float* copy = tWindow.data();
+        for (int64_t u = 0; u < rows; ++u)
         {
-            std::fill_n(win + u * dpc, dpc, 0.F);  // zeros before the sequence start (and past its end)
+            int64_t const t = t0 - H + u;
+            if (t < 0 || t >= p.T)
+            {
+                std::fill_n(copy + u * dpc, dpc, 0.F);
+            }
+            else
+            {
+                loadRow(copy + u * dpc, p.source, (b * p.T + t) * d, d, dpc, p.storage);
+            }
         }
-        else
-        {
-            loadRow(win + u * dpc, p.source, (b * p.T + t) * d, d, dpc, p.storage);
-        }
+        win = copy;
     }
     for (int64_t r = 0; r < m; ++r)
     {
