@@ -165,18 +165,29 @@ inline void prefetchRow(float const* row, int64_t count)
     }
 }
 
-//! q . v and v . v over `dp` padded channels.
+//! q . v and v . v over `dp` padded channels, in four partial sums each: one sum would be a chain of
+//! dp / kVW dependent FMAs (a decode step's retrieval waited on it, not on its reads).
 inline void dotAndSquares(float const* q, float const* v, int64_t dp, float& dot, float& squares)
 {
-    vf a = vf{}, b = vf{};
-    for (int64_t c = 0; c < dp; c += kVW)
+    vf a[4] = {}, b[4] = {};
+    int64_t c = 0;
+    for (; c + 4 * kVW <= dp; c += 4 * kVW)
     {
-        vf x = vload(v + c);
-        a += vload(q + c) * x;
-        b += x * x;
+        for (int64_t j = 0; j < 4; ++j)
+        {
+            vf const x = vload(v + c + j * kVW);
+            a[j] += vload(q + c + j * kVW) * x;
+            b[j] += x * x;
+        }
     }
-    dot = hsum(a);
-    squares = hsum(b);
+    for (; c < dp; c += kVW)
+    {
+        vf const x = vload(v + c);
+        a[0] += vload(q + c) * x;
+        b[0] += x * x;
+    }
+    dot = hsum((a[0] + a[1]) + (a[2] + a[3]));
+    squares = hsum((b[0] + b[1]) + (b[2] + b[3]));
 }
 
 //! The retrieval score q . RMSNorm(v) = (q . v) / sqrt(mean(v^2) + eps), over the d real channels.
