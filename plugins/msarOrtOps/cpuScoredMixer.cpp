@@ -243,19 +243,7 @@ void tile(void* data, std::size_t item)
         float const* x = P.rows[i] + (b * p.T + t0 - H) * rs;  // row u: token t0 - H + u
         if (!inPlace)
         {
-            for (int64_t u = 0; u < span; ++u)
-            {
-                int64_t const t = t0 - H + u;
-                float* dst = w.stage.data() + u * rs;
-                if (t < 0 || t >= p.T)
-                {
-                    std::fill_n(dst, rs, 0.F);
-                }
-                else
-                {
-                    std::copy_n(P.rows[i] + (b * p.T + t) * rs, rs, dst);
-                }
-            }
+            loadWindow(w.stage.data(), rs, P.rows[i], Storage::kFloat32, b, p.T, rs, t0 - H, span);
             x = w.stage.data();
         }
         float const* next = i + 1 < n && inPlace ? P.rows[i + 1] + (b * p.T + t0 - H) * rs : nullptr;
@@ -345,7 +333,8 @@ void scoredMixer(FusedMixerProblem const& p, Parallel const& parallel)
     }
     P.tiles = (p.T + kTile - 1) / kTile;
     parallel.run(static_cast<std::size_t>(p.B * P.tiles), 0, tile, &P);
-    if (tTaps.capacity() > (std::size_t{4} << 20))
+    constexpr std::size_t kKeptFloats = std::size_t{4} << 20;  // 16 MB
+    if (tTaps.capacity() > kKeptFloats)
     {
         tTaps = std::vector<float>{};
     }

@@ -105,20 +105,8 @@ void tile(Prepared const& P, int64_t item)
     if (p.storage != Storage::kFloat32 || dpc != d || t0 - H < 0 || t0 + kTile > p.T)
     {
         // a float32 copy, zeros before the sequence start and past its end; else the rows are read in place
-        float* copy = tWindow.data();
-        for (int64_t u = 0; u < rows; ++u)
-        {
-            int64_t const t = t0 - H + u;
-            if (t < 0 || t >= p.T)
-            {
-                std::fill_n(copy + u * dpc, dpc, 0.F);
-            }
-            else
-            {
-                loadRow(copy + u * dpc, p.source, (b * p.T + t) * d, d, dpc, p.storage);
-            }
-        }
-        win = copy;
+        loadWindow(tWindow.data(), dpc, p.source, p.storage, b, p.T, d, t0 - H, rows);
+        win = tWindow.data();
     }
     for (int64_t r = 0; r < m; ++r)
     {

@@ -8,6 +8,7 @@
 
 #include "cpuKernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -133,6 +134,26 @@ inline void storeRow(void* dst, int64_t offset, float const* src, int64_t count,
             {
                 h[i] = static_cast<uint16_t>((bits + 0x7fffU + ((bits >> 16) & 1U)) >> 16);  // round to nearest even
             }
+        }
+    }
+}
+
+//! Rows t0 .. t0 + count - 1 of batch row b of a [B, T, d] float32 or float16 tensor into dst as float32
+//! rows `stride` apart (the pad zeroed), rows before t = 0 or past T all zeros: a conv window that
+//! reaches past the sequence's edges.
+inline void loadWindow(float* dst, int64_t stride, void const* src, Storage s, int64_t b, int64_t T, int64_t d,
+                       int64_t t0, int64_t count)
+{
+    for (int64_t u = 0; u < count; ++u)
+    {
+        int64_t const t = t0 + u;
+        if (t < 0 || t >= T)
+        {
+            std::fill_n(dst + u * stride, stride, 0.F);
+        }
+        else
+        {
+            loadRow(dst + u * stride, src, (b * T + t) * d, d, stride, s);
         }
     }
 }
