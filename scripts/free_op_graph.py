@@ -1,0 +1,54 @@
+"""A copy of an exported graph in which the msar ops named are replaced by free stand-ins, for timing
+only (its outputs are wrong): what each op costs a run unprofiled, as the difference to the original
+file in a pair script.
+
+    python scripts/free_op_graph.py msar.decode.onnx free.onnx --ops DepthRetrieval StreamGate
+    python scripts/decode_pair.py --batch 8 standard.decode.onnx msar.decode.onnx free.onnx
+
+Stand-ins: DepthRetrieval -> an Identity of its last view (z has a view's shape); StreamGate -> stream 0
+of z (a Slice and a Squeeze). docs/ort_kernels.md ("Measured, not kept") used it on decode graphs."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+STAND_INS = ("DepthRetrieval", "StreamGate")
+
+
+def stand_in(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    if node.op_type == "DepthRetrieval":
+        return [helper.make_node("Identity", [node.input[-1]], list(node.output), name=f"{node.name}_free")]
+    picked = f"{node.output[0]}_stream0"
+    return [helper.make_node("Slice", [node.input[-1], "free_zero", "free_one", "free_axis"], [picked]),
+            helper.make_node("Squeeze", [picked, "free_axis"], list(node.output))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("graph")
+    ap.add_argument("output")
+    ap.add_argument("--ops", nargs="+", choices=STAND_INS, required=True)
+    args = ap.parse_args()
+    model = onnx.load(args.graph)
+    g = model.graph
+    g.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), name)
+                         for name, v in (("free_zero", 0), ("free_one", 1), ("free_axis", 2)))
+    nodes, replaced = [], 0
+    for n in g.node:
+        if n.domain == "msar" and n.op_type in args.ops:
+            nodes += stand_in(n)
+            replaced += 1
+        else:
+            nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    onnx.save(model, args.output)
+    print(f"{args.output}: {replaced} nodes replaced ({', '.join(args.ops)})")
+
+
+if __name__ == "__main__":
+    main()
