@@ -41,6 +41,7 @@ class BenchSettings:
     warmup: int = 1
     repeats: int = 5
     pair_repeats: int = 7  # rounds of each goal ratio's pair (bench/paired.py)
+    process_rounds: int = 4  # rounds of msar's goal ratios with one process per graph (bench/processes.py); 0: none
     compile: bool = True
     memory: bool = True
     export_probe_params: int = 0  # > 0: also export a checkpoint of about this many parameters
@@ -52,7 +53,8 @@ class BenchSettings:
 
 QUICK = dict(model=MSARConfig(d_model=64, n_blocks=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, vocab_size=256,
                               max_seq_len=4096), prefill_shapes=((1, 32),),
-             decode_prompt=8, decode_steps=4, decode_batches=(1, 2), repeats=2, pair_repeats=2, compile=False, memory=False)
+             decode_prompt=8, decode_steps=4, decode_batches=(1, 2), repeats=2, pair_repeats=2, process_rounds=0,
+             compile=False, memory=False)
 
 
 @dataclass
@@ -252,6 +254,9 @@ def run_bench(settings: BenchSettings, log=None) -> dict:
                                          settings.warmup, settings.pair_repeats, log)
         if not native_available():
             result["skipped"]["ort-native"] = "the native msar kernels are not built (scripts/setup_env.sh)"
+        elif settings.process_rounds and {"msar", "standard"} <= set(settings.kinds):
+            log("== msar's goal ratios with each graph in a process of its own (bench/processes.py)")
+            result["paired"].update(process_pairs(workdir, settings, log))
         from .guard import guard_ratios
 
         log("== guard model (tests/test_bench_guard.py compares against these)")
@@ -260,6 +265,27 @@ def run_bench(settings: BenchSettings, log=None) -> dict:
             result["export_probe"] = export_probe(settings.export_probe_params, workdir, log)
     result["ratios"] = ratios(result)
     return result
+
+
+def process_pairs(workdir: Path, settings: BenchSettings, log) -> dict:
+    """msar's native goal rows (the scored prefill file, the decode file) against the standard
+    model's, each graph in a process of its own (bench/processes.py), keyed as the in-process
+    pairs with ", one process each" added."""
+    from .processes import process_ratio
+
+    out, vocab = {}, settings.model.vocab_size
+    B, T = settings.prefill_shapes[0]
+    if B == 1:
+        log(f"  processes: msar ort-native-scored prefill {B}x{T}")
+        out["msar/standard prefill time in ORT (ort-native-scored), one process each"] = process_ratio(
+            str(workdir / "standard-decomposed.onnx"), str(workdir / "msar-scored.onnx"), tokens=T,
+            rounds=settings.process_rounds, threads=settings.threads, vocab=vocab)
+    for batch in settings.decode_batches:
+        log(f"  processes: msar ort decode batch {batch}")
+        out[f"standard/msar decode tokens/s, batch {batch} (ort), one process each"] = process_ratio(
+            str(workdir / "standard-decode.onnx"), str(workdir / "msar-decode.onnx"), batch=batch,
+            rounds=settings.process_rounds, threads=settings.threads, vocab=vocab)
+    return out
 
 
 def _median(result, kind, backend, batch, seq):

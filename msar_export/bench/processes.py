@@ -1,0 +1,103 @@
+"""Goal ratios with each graph in a process of its own, the processes alternated.
+
+The in-process pairs (bench/paired.py) run two sessions in one process, so each model's weights
+are evicted from the cache by the other's between runs. A deployment runs one model per process:
+there a model small enough for its weights to stay in the last-level cache (the bench's 100 MB on
+a VM with a 480 MB L3) runs its decode steps much faster, and MSAR's fixed cost per step weighs
+more (docs/ort_kernels.md, "What a decode step spends beyond the standard model"). Both figures
+are reported; neither is the truth for every model size.
+
+`python -m msar_export.bench.processes A B [--batch 8]` (scripts/process_pair.py) runs it alone."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+WARMUP = 3
+DECODE_PROMPT, DECODE_STEPS = 64, 16
+
+
+def child_time(path: str, batch: int | None, tokens: int, runs: int, threads: int, vocab: int) -> float:
+    """The median time of `runs` prefills of 1 x tokens (ms), or of 16 decode steps after a
+    64-token prompt (ms per step) when `batch` is given, in this process."""
+    import numpy as np
+
+    if batch is None:
+        from ..runners.ort_runner import OrtGraph
+
+        graph = OrtGraph(path, threads=threads)
+        ids = np.random.default_rng(0).integers(0, vocab, (1, tokens))
+
+        def run():
+            graph.logits(ids)
+
+        per = 1
+    else:
+        import torch
+
+        from ..runtime import OrtDecoder
+        from .run import ort_decode_steps
+
+        prompt = torch.randint(0, vocab, (batch, DECODE_PROMPT), generator=torch.Generator().manual_seed(1))
+        run = ort_decode_steps(OrtDecoder(path, threads=threads), prompt, DECODE_STEPS)
+        per = DECODE_STEPS
+    for _ in range(WARMUP):
+        run()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) / per * 1e3)
+    return statistics.median(times)
+
+
+def process_ratio(a: str, b: str, batch: int | None = None, tokens: int = 512, rounds: int = 4, runs: int = 9,
+                  threads: int = 2, vocab: int = 256, log=None) -> dict:
+    """b's time over a's, each timed in a fresh process, the order swapped every round: the
+    median of the per-round ratios, their spread and every round's times."""
+    flags = [f"--tokens={tokens}", f"--runs={runs}", f"--threads={threads}", f"--vocab={vocab}"]
+    if batch is not None:
+        flags.append(f"--batch={batch}")
+    ratios, times = [], []
+    for r in range(rounds):
+        got = {}
+        for path in ((a, b) if r % 2 == 0 else (b, a)):
+            out = subprocess.run([sys.executable, "-m", __name__, path, path, "--child", *flags],
+                                 check=True, capture_output=True, text=True)
+            got[path] = float(out.stdout.split()[-1])
+        ratios.append(got[b] / got[a])
+        times.append([got[a], got[b]])
+        if log:
+            log(f"    round {r + 1}: {got[a]:.3f} / {got[b]:.3f}, ratio {ratios[-1]:.3f}")
+    r = sorted(ratios)
+    return {"median": round(statistics.median(r), 3), "min": round(r[0], 3), "max": round(r[-1], 3), "pairs": len(r),
+            "times": times}
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="b / a with each graph in a process of its own, alternated")
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--batch", type=int, default=None, help="decode graphs: the batch (default: prefill graphs)")
+    ap.add_argument("--tokens", type=int, default=512, help="prefill length (prefill graphs)")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=9, help="timed runs per process")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=256, help="token ids are drawn below this")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(child_time(args.a, args.batch, args.tokens, args.runs, args.threads, args.vocab))
+        return
+    res = process_ratio(args.a, args.b, args.batch, args.tokens, args.rounds, args.runs, args.threads, args.vocab,
+                        log=print)
+    print(f"{args.b} / {args.a}: {res['median']} (rounds {res['min']}-{res['max']})")
+
+
+if __name__ == "__main__":
+    main()
