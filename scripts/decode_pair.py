@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from msar_export.bench.run import ort_decode_steps
+from msar_export.bench.steps import ort_decode_steps
 from msar_export.bench.timing import interleaved_samples
 from msar_export.runtime import OrtDecoder
 

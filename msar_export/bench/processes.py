@@ -39,7 +39,7 @@ def child_time(path: str, batch: int | None, tokens: int, runs: int, threads: in
         import torch
 
         from ..runtime import OrtDecoder
-        from .run import ort_decode_steps
+        from .steps import ort_decode_steps
 
         prompt = torch.randint(0, vocab, (batch, DECODE_PROMPT), generator=torch.Generator().manual_seed(1))
         run = ort_decode_steps(OrtDecoder(path, threads=threads), prompt, DECODE_STEPS)

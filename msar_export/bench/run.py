@@ -13,7 +13,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..log import silent
@@ -22,6 +21,7 @@ from ..config import MSARConfig
 from ..fileio import atomic_write_text
 from .models import native_available, random_model
 from .paired import paired_ratios
+from .steps import eager_decode_steps, ort_decode_steps
 from .probe import cli_probe, python_probe
 from .timing import interleaved, machine_description
 
@@ -104,36 +104,6 @@ def ort_backends(model, kind: str, workdir: Path, threads: int, log) -> tuple[li
     if kind != "standard":
         decoders["ort-function"] = OrtDecoder(dec_path, threads=threads, ort_ops="function")
     return backends, exports, decoders
-
-
-def eager_decode_steps(model, prompt: torch.Tensor, steps: int):
-    with torch.inference_mode():
-        logits, cache = model.run(prompt)
-        tok = logits[:, -1:].argmax(-1)
-
-    def run():
-        c, t = cache, tok
-        with torch.inference_mode():
-            for _ in range(steps):
-                lg, c = model.run(t, cache=c)
-                t = lg[:, -1:].argmax(-1)
-
-    return run
-
-
-def ort_decode_steps(decoder, prompt: torch.Tensor, steps: int):
-    B, T = prompt.shape
-    logits, cache = decoder.step(prompt.numpy(), np.ones((B, T), np.int64), np.broadcast_to(np.arange(T), (B, T)),
-                                 decoder.empty_cache(B))
-    tok = logits[:, -1:].argmax(-1)
-
-    def run():
-        c, t = cache, tok
-        for s in range(steps):
-            lg, c = decoder.step(t, np.ones((B, T + s + 1), np.int64), np.full((B, 1), T + s), c)
-            t = lg[:, -1:].argmax(-1)
-
-    return run
 
 
 def try_compile(model, ids, log):
