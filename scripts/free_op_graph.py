@@ -6,7 +6,9 @@ file in a pair script.
     python scripts/decode_pair.py --batch 8 standard.decode.onnx msar.decode.onnx free.onnx
 
 Stand-ins: DepthRetrieval -> an Identity of its last view (z has a view's shape); StreamGate -> stream 0
-of z (a Slice and a Squeeze). docs/ort_kernels.md ("Measured, not kept") used it on decode graphs."""
+of z (a Slice and a Squeeze); SourceViews -> the source repeated as every view (an Unsqueeze and an
+Expand); ConvState -> an Identity of the past state. docs/ort_kernels.md ("Measured, not kept", "What a
+decode step spends beyond the standard model") used it on decode graphs."""
 
 from __future__ import annotations
 
@@ -16,12 +18,19 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-STAND_INS = ("DepthRetrieval", "StreamGate")
+STAND_INS = ("DepthRetrieval", "StreamGate", "SourceViews", "ConvState")
 
 
 def stand_in(node: onnx.NodeProto) -> list[onnx.NodeProto]:
     if node.op_type == "DepthRetrieval":
         return [helper.make_node("Identity", [node.input[-1]], list(node.output), name=f"{node.name}_free")]
+    if node.op_type == "ConvState":
+        return [helper.make_node("Identity", [node.input[0]], list(node.output), name=f"{node.name}_free")]
+    if node.op_type == "SourceViews":  # inputs: taps, past state, index, source, mask
+        m = len(next(a for a in node.attribute if a.name == "stream_kernels").ints)
+        row = f"{node.output[0]}_row"
+        return [helper.make_node("Unsqueeze", [node.input[3], "free_axis"], [row]),
+                helper.make_node("Expand", [row, f"free_streams_{m}"], list(node.output))]
     picked = f"{node.output[0]}_stream0"
     return [helper.make_node("Slice", [node.input[-1], "free_zero", "free_one", "free_axis"], [picked]),
             helper.make_node("Squeeze", [picked, "free_axis"], list(node.output))]
@@ -37,6 +46,8 @@ def main() -> None:
     g = model.graph
     g.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), name)
                          for name, v in (("free_zero", 0), ("free_one", 1), ("free_axis", 2)))
+    streams = {len(a.ints) for n in g.node if n.op_type == "SourceViews" for a in n.attribute if a.name == "stream_kernels"}
+    g.initializer.extend(numpy_helper.from_array(np.array([1, 1, m, 1], np.int64), f"free_streams_{m}") for m in streams)
     nodes, replaced = [], 0
     for n in g.node:
         if n.domain == "msar" and n.op_type in args.ops:

@@ -31,7 +31,8 @@ def first_step_logits(path: Path) -> np.ndarray:
     return logits
 
 
-@pytest.mark.parametrize("ops", [["DepthRetrieval"], ["DepthRetrieval", "StreamGate"]])
+@pytest.mark.parametrize("ops", [["DepthRetrieval"], ["DepthRetrieval", "StreamGate"],
+                                 ["DepthRetrieval", "StreamGate", "SourceViews", "ConvState"]])
 def test_stand_ins_replace_the_named_ops(faithful_decode, tmp_path, ops):
     _, graph, _ = faithful_decode
     out = tmp_path / "free.onnx"
@@ -39,9 +40,11 @@ def test_stand_ins_replace_the_named_ops(faithful_decode, tmp_path, ops):
                    capture_output=True)
     before, after = op_counts(graph), op_counts(out)
     assert before.get("DepthRetrieval", 0) > 0
-    for op in ("DepthRetrieval", "StreamGate"):
+    for op in ("DepthRetrieval", "StreamGate", "SourceViews", "ConvState"):
         assert after.get(op, 0) == (0 if op in ops else before.get(op, 0)), op
-    assert after.get("Identity", 0) == before.get("Identity", 0) + before["DepthRetrieval"]
+    assert after.get("Identity", 0) == (before.get("Identity", 0) + before["DepthRetrieval"]
+                                        + (before.get("ConvState", 0) if "ConvState" in ops else 0))
+    assert after.get("Expand", 0) == before.get("Expand", 0) + (before.get("SourceViews", 0) if "SourceViews" in ops else 0)
     assert after.get("Squeeze", 0) == before.get("Squeeze", 0) + (before.get("StreamGate", 0) if "StreamGate" in ops else 0)
     reference, free = first_step_logits(graph), first_step_logits(out)
     assert free.shape == reference.shape
