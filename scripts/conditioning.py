@@ -19,11 +19,6 @@ from msar_export.compare.conditioning import perturbation_spread
 from msar_export.verdict import rel_err
 
 
-def load(path, dtype):
-    model = load_checkpoint(path, dtype=dtype)
-    return (model[0] if isinstance(model, tuple) else model).eval()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint")
@@ -33,13 +28,13 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=8)
     args = ap.parse_args()
 
-    model64 = load(args.checkpoint, torch.float64)
+    model64 = load_checkpoint(args.checkpoint, dtype=torch.float64)
     torch.manual_seed(1)
     ids = torch.randint(0, model64.cfg.vocab_size, (args.batch, args.tokens))
     spread = perturbation_spread(model64, ids, draws=args.draws)
     with torch.inference_mode():
         ref = model64(ids).numpy()
-        eager = load(args.checkpoint, torch.float32)(ids).double().numpy()
+        eager = load_checkpoint(args.checkpoint, dtype=torch.float32)(ids).double().numpy()
     print(f"float64 model, weights x (1 + 1e-7 N(0,1)), {args.draws} draws: {min(spread):.2e} - {max(spread):.2e} "
           f"(median {float(np.median(spread)):.2e})")
     print(f"eager float32: {rel_err(eager, ref):.2e}")

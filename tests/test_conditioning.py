@@ -69,12 +69,11 @@ def test_a_real_precision_loss_lies_outside_the_spread(cases, scale):
 
 
 def test_the_weights_are_restored(cases):
-    _, model64, ids, ref, _ = cases[1.0]
+    path, model64, ids, ref, _ = cases[1.0]
     with torch.inference_mode():
         assert np.array_equal(model64(ids).numpy(), ref)
     with pytest.raises(ValueError, match="float64"):
-        perturbation_spread(model64.float(), ids)
-    model64.double()
+        perturbation_spread(load_checkpoint(path, dtype=torch.float32), ids)
 
 
 def test_onnx_runtime_paths_are_within_the_spread(cases, ort_ops_library, tmp_path):

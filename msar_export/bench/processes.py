@@ -63,15 +63,16 @@ def process_ratio(a: str, b: str, batch: int | None = None, tokens: int = 512, r
         flags.append(f"--batch={batch}")
     ratios, times = [], []
     for r in range(rounds):
-        got = {}
-        for path in ((a, b) if r % 2 == 0 else (b, a)):
+        got = [0.0, 0.0]  # by side, not by path: a graph may be timed against itself
+        for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+            path = (a, b)[side]
             out = subprocess.run([sys.executable, "-m", __name__, path, path, "--child", *flags],
                                  check=True, capture_output=True, text=True)
-            got[path] = float(out.stdout.split()[-1])
-        ratios.append(got[b] / got[a])
-        times.append([got[a], got[b]])
+            got[side] = float(out.stdout.split()[-1])
+        ratios.append(got[1] / got[0])
+        times.append(got)
         if log:
-            log(f"    round {r + 1}: {got[a]:.3f} / {got[b]:.3f}, ratio {ratios[-1]:.3f}")
+            log(f"    round {r + 1}: {got[0]:.3f} / {got[1]:.3f}, ratio {ratios[-1]:.3f}")
     r = sorted(ratios)
     return {"median": round(statistics.median(r), 3), "min": round(r[0], 3), "max": round(r[-1], 3), "pairs": len(r),
             "times": times}
