@@ -8,7 +8,13 @@ file in a pair script.
 Stand-ins: DepthRetrieval -> an Identity of its last view (z has a view's shape); StreamGate -> stream 0
 of z (a Slice and a Squeeze); SourceViews -> the source repeated as every view (an Unsqueeze and an
 Expand); ConvState -> an Identity of the past state. docs/ort_kernels.md ("Measured, not kept", "What a
-decode step spends beyond the standard model") used it on decode graphs."""
+decode step spends beyond the standard model") used it on decode graphs.
+
+ScoredMixer (the `--mixer-op scored` prefill graph) is a bound, not a stand-in: every mixer with an even
+number of sources keeps only its newest source and that source's row of the scores (a Slice). That is
+what one node per mixer pair (1, 2), (3, 4), ... would leave the pair's second mixer, with nothing
+added for the first mixer's second set of sums or the partial sums handed between them: the most such
+a node could save ("Measured, not kept (2026-12-04 morning)")."""
 
 from __future__ import annotations
 
@@ -18,10 +24,25 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-STAND_INS = ("DepthRetrieval", "StreamGate", "SourceViews", "ConvState")
+STAND_INS = ("DepthRetrieval", "StreamGate", "SourceViews", "ConvState", "ScoredMixer")
+SCORED_FIXED = 5  # ScoredMixer: gate weight, bias, scale, conv bank, scores; then the sources
 
 
 def stand_in(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    if node.op_type == "ScoredMixer":
+        n = len(node.input) - SCORED_FIXED
+        if n % 2:
+            return [node]
+        row = f"{node.output[0]}_newest_scores"
+        pick = helper.make_node("Slice", [node.input[SCORED_FIXED - 1], f"free_row_{n - 1}", f"free_row_{n}",
+                                          "free_zero"], [row])
+        pair = onnx.NodeProto()
+        pair.CopyFrom(node)
+        pair.name = f"{node.name}_pair_bound"
+        pair.overload = "n1"  # the function body of one source (export/functions.py names overloads n{count})
+        del pair.input[:]
+        pair.input.extend([*node.input[:SCORED_FIXED - 1], row, node.input[-1]])
+        return [pick, pair]
     if node.op_type == "DepthRetrieval":
         return [helper.make_node("Identity", [node.input[-1]], list(node.output), name=f"{node.name}_free")]
     if node.op_type == "ConvState":
@@ -48,11 +69,15 @@ def main() -> None:
                          for name, v in (("free_zero", 0), ("free_one", 1), ("free_axis", 2)))
     streams = {len(a.ints) for n in g.node if n.op_type == "SourceViews" for a in n.attribute if a.name == "stream_kernels"}
     g.initializer.extend(numpy_helper.from_array(np.array([1, 1, m, 1], np.int64), f"free_streams_{m}") for m in streams)
+    rows = {len(n.input) - SCORED_FIXED for n in g.node if n.op_type == "ScoredMixer"}
+    g.initializer.extend(numpy_helper.from_array(np.array([r], np.int64), f"free_row_{r}")
+                         for r in sorted(rows | {r - 1 for r in rows}))
     nodes, replaced = [], 0
     for n in g.node:
         if n.domain == "msar" and n.op_type in args.ops:
-            nodes += stand_in(n)
-            replaced += 1
+            new = stand_in(n)
+            nodes += new
+            replaced += new != [n]
         else:
             nodes.append(n)
     del g.node[:]

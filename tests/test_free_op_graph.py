@@ -49,3 +49,29 @@ def test_stand_ins_replace_the_named_ops(faithful_decode, tmp_path, ops):
     reference, free = first_step_logits(graph), first_step_logits(out)
     assert free.shape == reference.shape
     assert np.abs(free - reference).max() > 1e-3  # the negative control: the copy computes something else
+
+
+def test_scored_pair_bound_leaves_every_even_mixer_its_newest_source(faithful, tmp_path):
+    from msar_export.checkpoint import load_checkpoint
+    from msar_export.export import ExportOptions, export_model
+    from msar_export.runtime import OrtModel
+
+    ckpt, _, _ = faithful
+    graph, out = tmp_path / "scored.onnx", tmp_path / "bound.onnx"
+    export_model(load_checkpoint(ckpt), graph, ExportOptions(mixer_op="scored"), validate=False)
+    subprocess.run([sys.executable, str(SCRIPT), str(graph), str(out), "--ops", "ScoredMixer"], check=True,
+                   capture_output=True)
+    mixers = lambda p: [n for n in onnx.load(str(p), load_external_data=False).graph.node if n.op_type == "ScoredMixer"]
+    before, after = mixers(graph), mixers(out)
+    sources = [len(n.input) - 5 for n in before]
+    assert sources == list(range(1, len(before) + 1))  # mixer l reads sources 0..l-1
+    assert [len(n.input) - 5 for n in after] == [1 if s % 2 == 0 else s for s in sources]
+    for b, a in zip(before, after):
+        assert a.input[-1] == b.input[-1]  # the newest source kept
+    assert op_counts(out)["Slice"] == op_counts(graph)["Slice"] + sum(1 for s in sources if s % 2 == 0)
+    ids = np.array([[3, 1, 4, 1, 5, 9, 2, 6]], np.int64)
+    reference = OrtModel(graph, threads=1, ort_ops="function").logits(ids)
+    for ops in ("function", "native"):
+        bound = OrtModel(out, threads=1, ort_ops=ops).logits(ids)
+        assert bound.shape == reference.shape
+        assert np.abs(bound - reference).max() > 1e-3  # the negative control: the second mixers lost sources
