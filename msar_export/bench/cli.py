@@ -71,6 +71,22 @@ def cmd_bench(a) -> int:
         write_depth_sweep(res, Path(a.out), Path(a.update_readme) if a.update_readme else None)
         print(depth_table(res))
         return 0
+    if a.width_sweep:
+        from .width import run_width_sweep, widened, width_table, write_width_sweep
+
+        try:
+            widths = tuple(int(x) for x in a.width_sweep.split(","))
+        except ValueError:
+            raise InputError(f"--width-sweep takes comma-separated widths, got {a.width_sweep!r}") from None
+        try:
+            for d in widths:
+                widened(BenchSettings().model, d)
+        except ValueError as e:
+            raise InputError(f"--width-sweep: {e}") from None
+        res = run_width_sweep(widths, threads=a.threads, repeats=a.repeats or 7, log=say)
+        write_width_sweep(res, Path(a.out), Path(a.update_readme) if a.update_readme else None)
+        print(width_table(res))
+        return 0
     if a.mixer:
         from ..fileio import atomic_write_text
         from .mixer import run_mixer_bench
@@ -108,6 +124,10 @@ def register(sub) -> None:
     b.add_argument("--update-readme", metavar="README", help="rewrite the README's bench table from this run")
     b.add_argument("--mixer", action="store_true",
                    help="only the mixer microbenchmark (eager vs the FusedMixer node in ORT, bytes-moved floor)")
+    b.add_argument("--width-sweep", metavar="WIDTHS", default=None,
+                   help="only the goal ratios (msar/standard in ORT: scored prefill, decode batch 1 and 8) against "
+                        "width at the bench's depth, e.g. 512,1024, in-process pairs and one process per graph "
+                        "(width_sweep.json)")
     b.add_argument("--depth-sweep", metavar="BLOCKS", default=None,
                    help="only msar/standard prefill time in ORT against depth, e.g. 8,16,32 (native kernels and "
                         "function bodies, with the multiply-add model; depth_sweep.json)")

@@ -8,7 +8,6 @@ in one round-robin put the function bodies' run before the scored one and moved 
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -17,8 +16,7 @@ import numpy as np
 
 from ..log import silent
 from ..config import MSARConfig
-from ..fileio import atomic_write_text
-from .report import replace_block
+from .report import write_sweep
 
 BEGIN, END = "<!-- depth-sweep:begin -->", "<!-- depth-sweep:end -->"
 MACS_PER_PAIR_CHANNEL = 36  # sum of the conv kernels (4+8+12) + per stream q.v, v.v and the z sum (3 x 4)
@@ -119,7 +117,4 @@ def depth_table(res: dict) -> str:
 
 
 def write_depth_sweep(res: dict, out: Path, readme: Path | None = None) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "depth_sweep.json", json.dumps(res, indent=1) + "\n")
-    if readme is not None:
-        replace_block(readme, BEGIN, END, depth_table(res))
+    write_sweep(res, out / "depth_sweep.json", readme, BEGIN, END, depth_table(res))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..fileio import atomic_path
+from ..fileio import atomic_path, atomic_write_text
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
@@ -108,3 +108,13 @@ def replace_block(readme: Path, begin: str, end: str, body: str) -> bool:
         with atomic_path(readme) as tmp:
             tmp.write_text(new)
     return new != text
+
+
+def write_sweep(result: dict, json_path: Path, readme: Path | None, begin: str, end: str, table: str) -> None:
+    """A sweep's results as JSON and, given a README, its table between the sweep's markers."""
+    import json
+
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(json_path, json.dumps(result, indent=1) + "\n")
+    if readme is not None:
+        replace_block(readme, begin, end, table)

@@ -1,0 +1,147 @@
+"""`msar-export bench --width-sweep 512,1024`: issue 21's goal ratios against width, at the bench's
+depth. Each width's random standard and msar models are exported as the goal rows use them (the
+standard graph decomposed, msar's prefill with `--mixer-op scored`, both decode graphs), then timed
+in ONNX Runtime as msar / standard: prefill 1 x T and time per decode step at each batch.
+
+Both protocols of the bench: the in-process pairs of its goal rows (bench/paired.py: the two
+sessions alternated, the median of the per-round ratios) and, with `process_rounds`, one process
+per graph (bench/processes.py). Beside them the multiply-add model of the scored graph
+(depth.mac_model): MSAR's mixing grows with d, the rest of the model with d squared, so the
+predicted ratio falls as the model widens; the measured one shows how far the kernels follow."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..config import MSARConfig
+from ..log import silent
+from .depth import mac_model
+from .report import write_sweep
+
+BEGIN, END = "<!-- width-sweep:begin -->", "<!-- width-sweep:end -->"
+HEAD_DIM, KV_GROUP = 64, 2  # the bench model's head width and query heads per key/value head
+
+
+def widened(base: MSARConfig, d: int) -> MSARConfig:
+    """The bench model at width d: heads of HEAD_DIM channels, the base's MLP ratio and depth."""
+    if d % (HEAD_DIM * KV_GROUP):
+        raise ValueError(f"widths must be multiples of {HEAD_DIM * KV_GROUP}, got {d}")
+    return dataclasses.replace(base, d_model=d, n_heads=d // HEAD_DIM, n_kv_heads=d // (HEAD_DIM * KV_GROUP),
+                               mlp_hidden=round(base.mlp_hidden * d / base.d_model))
+
+
+def _export(cfg: MSARConfig, folder: Path) -> dict[str, Path]:
+    from ..export import ExportOptions, export_model
+    from .models import random_model
+
+    files = {("standard", "prefill"): ExportOptions(decomposed=True),
+             ("standard", "decode"): ExportOptions(decomposed=True, decode=True),
+             ("msar", "prefill"): ExportOptions(mixer_op="scored"),
+             ("msar", "decode"): ExportOptions(decode=True)}
+    paths = {}
+    for kind in ("standard", "msar"):
+        model = random_model(dataclasses.replace(cfg, residual=kind))
+        for (k, graph), opts in files.items():
+            if k == kind:
+                paths[(kind, graph)] = folder / f"{kind}.{graph}.onnx"
+                export_model(model, paths[(kind, graph)], opts, validate=False)
+        del model
+    return paths
+
+
+def _in_process(paths: dict, cfg: MSARConfig, T: int, batches, threads: int, repeats: int, log) -> dict:
+    import torch
+
+    from ..runtime import OrtDecoder, OrtModel
+    from .paired import paired_ratio
+    from .steps import ort_decode_steps
+
+    out = {}
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, T))
+    std, msar = (OrtModel(paths[(k, "prefill")], threads=threads).ort for k in ("standard", "msar"))
+    log("    pair: prefill")
+    out["prefill"] = paired_ratio(lambda: msar.logits(ids), lambda: std.logits(ids), 1, repeats)
+    del std, msar
+    for batch in batches:
+        prompt = torch.randint(0, cfg.vocab_size, (batch, 64), generator=torch.Generator().manual_seed(1))
+        runs = [ort_decode_steps(OrtDecoder(paths[(k, "decode")], threads=threads), prompt, 16)
+                for k in ("standard", "msar")]
+        log(f"    pair: decode batch {batch}")
+        out[f"decode_b{batch}"] = paired_ratio(runs[1], runs[0], 1, repeats)
+        del runs
+    return out
+
+
+def _processes(paths: dict, cfg: MSARConfig, T: int, batches, threads: int, rounds: int, log) -> dict:
+    from .processes import process_ratio
+
+    out = {}
+    for name, graph, batch in [("prefill", "prefill", None), *((f"decode_b{b}", "decode", b) for b in batches)]:
+        log(f"    one process each: {name}")
+        res = process_ratio(str(paths[("standard", graph)]), str(paths[("msar", graph)]), batch=batch, tokens=T,
+                            rounds=rounds, threads=threads, vocab=cfg.vocab_size)
+        out[name] = {k: v for k, v in res.items() if k != "times"}
+        # ms per prefill or per decode step, the rounds' medians: how the step itself grows with width
+        out[name]["standard_ms"], out[name]["msar_ms"] = (round(statistics.median(t[i] for t in res["times"]), 2)
+                                                          for i in (0, 1))
+    return out
+
+
+def run_width_sweep(widths=(512, 1024), base: MSARConfig | None = None, T: int = 512, batches=(1, 8),
+                    threads: int = 2, repeats: int = 7, process_rounds: int = 2, log=None) -> dict:
+    from .models import native_available
+    from .run import BenchSettings
+    from .timing import machine_description
+
+    log = log or silent
+    base = base or BenchSettings().model
+    cfgs = [widened(base, d) for d in widths]  # every width checked before the first export
+    rows = []
+    for cfg in cfgs:
+        log(f"  d_model {cfg.d_model}: exporting")
+        with tempfile.TemporaryDirectory(prefix="msar-width-") as tmp:
+            paths = _export(cfg, Path(tmp))
+            row = {"d_model": cfg.d_model, "predicted_prefill": mac_model(cfg, T)["predicted_ratio_scored"],
+                   "pairs": _in_process(paths, cfg, T, batches, threads, repeats, log)}
+            if process_rounds:
+                row["processes"] = _processes(paths, cfg, T, batches, threads, process_rounds, log)
+        rows.append(row)
+        log(f"  d_model {cfg.d_model}: " + json.dumps(row))
+    return {"machine": machine_description(threads), "n_blocks": base.n_blocks, "tokens": T, "batches": list(batches),
+            "stream_kernels": list(base.stream_kernels), "native": native_available(), "repeats": repeats,
+            "process_rounds": process_rounds, "rows": rows}
+
+
+def _ratio(r: dict | None) -> str:
+    return "-" if r is None else f"{r['median']} ({r['min']}-{r['max']})"
+
+
+def width_table(res: dict) -> str:
+    m = res["machine"]
+    keys = ["prefill", *(f"decode_b{b}" for b in res["batches"])]
+    names = [f"prefill 1x{res['tokens']} (scored)", *(f"decode batch {b}" for b in res["batches"])]
+    lines = [f"Measured {m['date']} on {m['cpu']} ({m['threads']} threads), onnxruntime {m['onnxruntime']}; random "
+             f"models, {res['n_blocks']} blocks, kernels {res['stream_kernels']}, msar "
+             + ("native kernels" if res["native"] else "function bodies (no native kernels)")
+             + f"; msar / standard time. Pairs: the two sessions alternated in one process, the median of "
+             f"{res['repeats']} per-round ratios (their spread); one process each: every graph in a process of its "
+             f"own, {res['process_rounds']} round{'' if res['process_rounds'] == 1 else 's'}. Predicted: the scored prefill's multiply-add model.", "",
+             "| d_model | " + " | ".join(f"{n}: pairs | {n}: one process each" for n in names)
+             + " | predicted prefill | standard ms: prefill / per step (one process each) |",
+             "| --- | " + " | ".join("--- | ---" for _ in names) + " | --- | --- |"]
+    for r in res["rows"]:
+        procs = r.get("processes", {})
+        cells = " | ".join(f"{_ratio(r['pairs'].get(k))} | {_ratio(procs.get(k))}" for k in keys)
+        ms = " / ".join(str(procs[k]["standard_ms"]) for k in keys) if procs else "-"
+        lines.append(f"| {r['d_model']} | {cells} | {r['predicted_prefill']} | {ms} |")
+    return "\n".join(lines)
+
+
+def write_width_sweep(res: dict, out: Path, readme: Path | None = None) -> None:
+    write_sweep(res, out / "width_sweep.json", readme, BEGIN, END, width_table(res))

@@ -1,0 +1,72 @@
+"""`msar-export bench --width-sweep` (msar_export/bench/width.py): the widened models, the multiply-add
+model's fall with width, a tiny sweep end to end (its README block) and its bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from msar_export.bench.run import BenchSettings
+from msar_export.bench.width import BEGIN, END, run_width_sweep, widened, width_table, write_width_sweep
+from msar_export.config import MSARConfig
+from msar_export.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_widened_keeps_head_width_kv_group_mlp_ratio_and_depth():
+    base = BenchSettings().model  # d 512: 8 heads, 4 kv heads, MLP 1376
+    wide = widened(base, 1024)
+    assert (wide.d_model, wide.n_heads, wide.n_kv_heads, wide.mlp_hidden) == (1024, 16, 8, 2752)
+    assert (wide.n_blocks, wide.stream_kernels, wide.vocab_size) == (base.n_blocks, base.stream_kernels, base.vocab_size)
+    assert widened(base, 512) == base
+    with pytest.raises(ValueError, match="multiples of 128"):
+        widened(base, 640 + 64)
+
+
+def test_predicted_prefill_ratio_falls_with_width():
+    """Mixing grows with d, the rest with d^2 (plus attention's T d), so MSAR's predicted share
+    roughly halves per doubling of width."""
+    from msar_export.bench.depth import mac_model
+
+    base = BenchSettings().model
+    extra = [mac_model(widened(base, d), 512)["predicted_ratio_scored"] - 1 for d in (512, 1024, 2048)]
+    assert extra[0] > extra[1] > extra[2] > 0
+    assert 0.4 < extra[1] / extra[0] < 0.75 and 0.4 < extra[2] / extra[1] < 0.75
+
+
+def test_tiny_sweep_writes_json_and_the_readme_block(tmp_path):
+    base = MSARConfig(d_model=128, n_blocks=1, n_heads=2, n_kv_heads=1, mlp_hidden=352, vocab_size=64,
+                      max_seq_len=256)
+    res = run_width_sweep((128, 256), base=base, T=16, batches=(1,), repeats=2, process_rounds=0)
+    assert [r["d_model"] for r in res["rows"]] == [128, 256]
+    for row in res["rows"]:
+        assert set(row["pairs"]) == {"prefill", "decode_b1"} and "processes" not in row
+        for pair in row["pairs"].values():
+            assert pair["pairs"] == 2 and 0 < pair["min"] <= pair["median"] <= pair["max"]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{BEGIN}\nold\n{END}\nafter\n")
+    write_width_sweep(res, tmp_path / "out", readme)
+    assert json.loads((tmp_path / "out" / "width_sweep.json").read_text())["rows"] == res["rows"]
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("after\n") and "old" not in text
+    table = width_table(res)
+    assert table in text
+    lines = table.splitlines()
+    assert lines[-2].startswith("| 128 | ") and lines[-1].startswith("| 256 | ")
+    assert lines[-1].split(" | ")[2] == "-"  # no one-process rounds: that column says so, not a number
+
+
+@pytest.mark.parametrize("widths", ["512,abc", "512,200"])
+def test_bad_widths_exit_2_with_one_line(widths, capsys):
+    assert main(["bench", "--width-sweep", widths]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--width-sweep" in err[0]
+
+
+def test_readme_width_sweep_table_is_generated_from_the_checked_in_results():
+    result = json.loads((REPO / "benchmarks" / "width_sweep.json").read_text())
+    block = (REPO / "README.md").read_text().split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert block == width_table(result).strip()
