@@ -22,8 +22,9 @@ def test_widened_keeps_head_width_kv_group_mlp_ratio_and_depth():
     assert (wide.d_model, wide.n_heads, wide.n_kv_heads, wide.mlp_hidden) == (1024, 16, 8, 2752)
     assert (wide.n_blocks, wide.stream_kernels, wide.vocab_size) == (base.n_blocks, base.stream_kernels, base.vocab_size)
     assert widened(base, 512) == base
-    with pytest.raises(ValueError, match="multiples of 128"):
-        widened(base, 640 + 64)
+    for bad in (640 + 64, 0, -128):
+        with pytest.raises(ValueError, match="positive multiples of 128"):
+            widened(base, bad)
 
 
 def test_predicted_prefill_ratio_falls_with_width():
@@ -59,11 +60,61 @@ def test_tiny_sweep_writes_json_and_the_readme_block(tmp_path):
     assert lines[-1].split(" | ")[2] == "-"  # no one-process rounds: that column says so, not a number
 
 
-@pytest.mark.parametrize("widths", ["512,abc", "512,200"])
+@pytest.mark.parametrize("widths", ["512,abc", "512,200", "0", "-128", "", "512,512"])
 def test_bad_widths_exit_2_with_one_line(widths, capsys):
     assert main(["bench", "--width-sweep", widths]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--width-sweep" in err[0]
+
+
+@pytest.mark.parametrize("text", [None, "no markers here\n"])
+def test_a_readme_it_cannot_update_is_refused_before_the_run(text, tmp_path, capsys, monkeypatch):
+    import msar_export.bench.width as width
+
+    monkeypatch.setattr(width, "run_width_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    readme = tmp_path / "README.md"
+    if text is not None:
+        readme.write_text(text)
+    assert main(["bench", "--width-sweep", "128", "--update-readme", str(readme)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--update-readme" in err[0]
+    assert text is None and not readme.exists() or readme.read_text() == text
+
+
+def test_ratios_are_msar_over_standard_and_the_process_times_land_by_side(monkeypatch):
+    """Stubbed runs and timers: which graph each pair and process ratio times on which side, and the
+    one-process rows' ms taken from the right side of every round."""
+    import msar_export.bench.paired as paired
+    import msar_export.bench.processes as processes
+    import msar_export.bench.width as width
+
+    monkeypatch.setattr(width, "_prefill_run", lambda path, ids, threads: ("prefill", Path(path).name))
+    monkeypatch.setattr(width, "_decode_run", lambda path, prompt, threads: (f"b{prompt.shape[0]}", Path(path).name))
+    pairs, procs = [], []
+
+    def pair(fn, base, warmup, repeats):
+        pairs.append((fn, base))
+        return {"median": 1.0, "min": 1.0, "max": 1.0, "pairs": repeats}
+
+    def process(a, b, batch=None, tokens=512, rounds=4, threads=2, vocab=256, log=None):
+        procs.append((Path(a).name, Path(b).name, batch))
+        return {"median": 1.5, "min": 1.4, "max": 1.6, "pairs": rounds, "times": [[1.0, 4.0], [3.0, 6.0]]}
+
+    monkeypatch.setattr(paired, "paired_ratio", pair)
+    monkeypatch.setattr(processes, "process_ratio", process)
+    monkeypatch.setattr(width, "_export", lambda cfg, folder: {(k, g): folder / f"{k}.{g}.onnx"
+                                                               for k in ("standard", "msar") for g in ("prefill", "decode")})
+    base = MSARConfig(d_model=128, n_blocks=1, n_heads=2, n_kv_heads=1, mlp_hidden=352, vocab_size=64, max_seq_len=256)
+    res = run_width_sweep((128,), base=base, T=16, batches=(1, 3), repeats=2, process_rounds=2)
+    assert pairs == [(("prefill", "msar.prefill.onnx"), ("prefill", "standard.prefill.onnx")),
+                     (("b1", "msar.decode.onnx"), ("b1", "standard.decode.onnx")),
+                     (("b3", "msar.decode.onnx"), ("b3", "standard.decode.onnx"))]
+    assert procs == [("standard.prefill.onnx", "msar.prefill.onnx", None),
+                     ("standard.decode.onnx", "msar.decode.onnx", 1), ("standard.decode.onnx", "msar.decode.onnx", 3)]
+    row = res["rows"][0]["processes"]
+    assert set(row) == {"prefill", "decode_b1", "decode_b3"}
+    assert (row["prefill"]["standard_ms"], row["prefill"]["msar_ms"]) == (2.0, 5.0)  # medians of 1, 3 and 4, 6
+    assert "times" not in row["prefill"] and row["prefill"]["pairs"] == 2
 
 
 def test_readme_width_sweep_table_is_generated_from_the_checked_in_results():

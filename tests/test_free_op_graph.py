@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 from msar_export.runtime import OrtDecoder
+from ort_ops_fixtures import ort_ops_library  # noqa: F401  (fixture)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "free_op_graph.py"
 
@@ -51,7 +53,7 @@ def test_stand_ins_replace_the_named_ops(faithful_decode, tmp_path, ops):
     assert np.abs(free - reference).max() > 1e-3  # the negative control: the copy computes something else
 
 
-def test_scored_pair_bound_leaves_every_even_mixer_its_newest_source(faithful, tmp_path):
+def test_scored_pair_bound_leaves_every_even_mixer_its_newest_source(faithful, ort_ops_library, tmp_path):
     from msar_export.checkpoint import load_checkpoint
     from msar_export.export import ExportOptions, export_model
     from msar_export.runtime import OrtModel
@@ -61,17 +63,27 @@ def test_scored_pair_bound_leaves_every_even_mixer_its_newest_source(faithful, t
     export_model(load_checkpoint(ckpt), graph, ExportOptions(mixer_op="scored"), validate=False)
     subprocess.run([sys.executable, str(SCRIPT), str(graph), str(out), "--ops", "ScoredMixer"], check=True,
                    capture_output=True)
-    mixers = lambda p: [n for n in onnx.load(str(p), load_external_data=False).graph.node if n.op_type == "ScoredMixer"]
-    before, after = mixers(graph), mixers(out)
+    model = onnx.load(str(out), load_external_data=False)
+    consts = {t.name: numpy_helper.to_array(t).tolist() for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT64}
+    made = {o: n for n in model.graph.node for o in n.output}
+    before = [n for n in onnx.load(str(graph), load_external_data=False).graph.node if n.op_type == "ScoredMixer"]
+    after = [n for n in model.graph.node if n.op_type == "ScoredMixer"]
     sources = [len(n.input) - 5 for n in before]
     assert sources == list(range(1, len(before) + 1))  # mixer l reads sources 0..l-1
     assert [len(n.input) - 5 for n in after] == [1 if s % 2 == 0 else s for s in sources]
-    for b, a in zip(before, after):
+    for n, b, a in zip(sources, before, after):
         assert a.input[-1] == b.input[-1]  # the newest source kept
-    assert op_counts(out)["Slice"] == op_counts(graph)["Slice"] + sum(1 for s in sources if s % 2 == 0)
+        if n % 2:
+            assert list(a.input) == list(b.input) and a.overload == b.overload
+            continue
+        assert a.overload == "n1"
+        for port in (3, 4):  # the conv bank and the scores: row n-1 of each, along axis 0
+            pick = made[a.input[port]]
+            assert pick.op_type == "Slice" and pick.input[0] == b.input[port]
+            assert [consts[x] for x in pick.input[1:4]] == [[n - 1], [n], [0]]
     ids = np.array([[3, 1, 4, 1, 5, 9, 2, 6]], np.int64)
     reference = OrtModel(graph, threads=1, ort_ops="function").logits(ids)
-    for ops in ("function", "native"):
+    for ops in ("function", ort_ops_library):
         bound = OrtModel(out, threads=1, ort_ops=ops).logits(ids)
         assert bound.shape == reference.shape
         assert np.abs(bound - reference).max() > 1e-3  # the negative control: the second mixers lost sources

@@ -71,20 +71,23 @@ def cmd_bench(a) -> int:
         write_depth_sweep(res, Path(a.out), Path(a.update_readme) if a.update_readme else None)
         print(depth_table(res))
         return 0
-    if a.width_sweep:
-        from .width import run_width_sweep, widened, width_table, write_width_sweep
+    if a.width_sweep is not None:
+        from .report import readme_with_block
+        from .width import BEGIN as WB, END as WE, run_width_sweep, widened, width_table, write_width_sweep
 
+        if a.depth_sweep:
+            raise InputError("--width-sweep and --depth-sweep are separate runs: give one")
         try:
             widths = tuple(int(x) for x in a.width_sweep.split(","))
-        except ValueError:
-            raise InputError(f"--width-sweep takes comma-separated widths, got {a.width_sweep!r}") from None
-        try:
             for d in widths:
                 widened(BenchSettings().model, d)
         except ValueError as e:
-            raise InputError(f"--width-sweep: {e}") from None
+            raise InputError(f"--width-sweep takes comma-separated widths ({e})") from None
+        if len(set(widths)) != len(widths):
+            raise InputError(f"--width-sweep: each width once, got {a.width_sweep!r}")
+        readme = readme_with_block(Path(a.update_readme), WB, WE) if a.update_readme else None  # before the run
         res = run_width_sweep(widths, threads=a.threads, repeats=a.repeats or 7, log=say)
-        write_width_sweep(res, Path(a.out), Path(a.update_readme) if a.update_readme else None)
+        write_width_sweep(res, Path(a.out), readme)
         print(width_table(res))
         return 0
     if a.mixer:
@@ -116,7 +119,8 @@ def register(sub) -> None:
     b = sub.add_parser("bench", help="benchmark eager / torch.compile / ONNX Runtime (/ TensorRT) for all residual kinds")
     b.add_argument("-o", "--out", default="runs/bench", help="directory for results.json and chart.png")
     b.add_argument("--threads", type=THREADS, default=min(2, machine_threads()))
-    b.add_argument("--repeats", type=SIZE, default=0, help="timed runs per backend (default 5)")
+    b.add_argument("--repeats", type=SIZE, default=0,
+                   help="timed runs per backend (default 5); --width-sweep: rounds of each pair (default 7)")
     b.add_argument("--quick", action="store_true", help="tiny model and shapes (a smoke run)")
     b.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     b.add_argument("--export-probe", type=MPARAMS, default=0, metavar="MPARAMS",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -98,6 +99,19 @@ def update_readme(readme: Path, result: dict) -> bool:
     return replace_block(readme, BEGIN, END, markdown_table(result))
 
 
+def readme_with_block(readme: Path, begin: str, end: str) -> Path:
+    """`readme`, checked before a long run writes into it: a readable file holding the block's markers."""
+    from ..errors import InputError
+
+    try:
+        text = readme.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--update-readme {readme}: cannot read it ({e.strerror or e})") from None
+    if begin not in text or end not in text:
+        raise InputError(f"--update-readme {readme}: no {begin} ... {end} block to replace")
+    return readme
+
+
 def replace_block(readme: Path, begin: str, end: str, body: str) -> bool:
     """Replace the text between two marker lines; returns whether it changed."""
     text = readme.read_text()
@@ -112,8 +126,6 @@ def replace_block(readme: Path, begin: str, end: str, body: str) -> bool:
 
 def write_sweep(result: dict, json_path: Path, readme: Path | None, begin: str, end: str, table: str) -> None:
     """A sweep's results as JSON and, given a README, its table between the sweep's markers."""
-    import json
-
     json_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(json_path, json.dumps(result, indent=1) + "\n")
     if readme is not None:

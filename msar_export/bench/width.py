@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -30,10 +31,25 @@ HEAD_DIM, KV_GROUP = 64, 2  # the bench model's head width and query heads per k
 
 def widened(base: MSARConfig, d: int) -> MSARConfig:
     """The bench model at width d: heads of HEAD_DIM channels, the base's MLP ratio and depth."""
-    if d % (HEAD_DIM * KV_GROUP):
-        raise ValueError(f"widths must be multiples of {HEAD_DIM * KV_GROUP}, got {d}")
+    if d <= 0 or d % (HEAD_DIM * KV_GROUP):
+        raise ValueError(f"widths must be positive multiples of {HEAD_DIM * KV_GROUP}, got {d}")
     return dataclasses.replace(base, d_model=d, n_heads=d // HEAD_DIM, n_kv_heads=d // (HEAD_DIM * KV_GROUP),
                                mlp_hidden=round(base.mlp_hidden * d / base.d_model))
+
+
+def plan_disk(cfgs: list[MSARConfig], folder: Path) -> int:
+    """Refuse, before writing anything, a sweep the disk cannot hold: one width's four float32 files
+    (two graphs of each model, each about its checkpoint's size) at a time, and 1 GiB."""
+    from ..errors import InputError
+    from .bounds import checkpoint_bytes
+
+    need = max(2 * sum(checkpoint_bytes(dataclasses.replace(c, residual=k)) for k in ("standard", "msar"))
+               for c in cfgs) + 2**30
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise InputError(f"--width-sweep needs {need / 2**30:.1f} GiB free in {folder} for its exports, "
+                         f"{free / 2**30:.1f} GiB are; set TMPDIR to a folder with more room")
+    return need
 
 
 def _export(cfg: MSARConfig, folder: Path) -> dict[str, Path]:
@@ -55,26 +71,35 @@ def _export(cfg: MSARConfig, folder: Path) -> dict[str, Path]:
     return paths
 
 
-def _in_process(paths: dict, cfg: MSARConfig, T: int, batches, threads: int, repeats: int, log) -> dict:
-    import torch
+def _prefill_run(path: Path, ids, threads: int):
+    from ..runtime import OrtModel
 
-    from ..runtime import OrtDecoder, OrtModel
-    from .paired import paired_ratio
+    graph = OrtModel(path, threads=threads).ort
+    return lambda: graph.logits(ids)
+
+
+def _decode_run(path: Path, prompt, threads: int):
+    from ..runtime import OrtDecoder
     from .steps import ort_decode_steps
 
-    out = {}
+    return ort_decode_steps(OrtDecoder(path, threads=threads), prompt, 16)
+
+
+def _in_process(paths: dict, cfg: MSARConfig, T: int, batches, threads: int, repeats: int, log) -> dict:
+    """msar over standard (paired_ratio's fn over its base) for the prefill and each decode batch."""
+    import torch
+
+    from .paired import paired_ratio
+
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, T))
-    std, msar = (OrtModel(paths[(k, "prefill")], threads=threads).ort for k in ("standard", "msar"))
     log("    pair: prefill")
-    out["prefill"] = paired_ratio(lambda: msar.logits(ids), lambda: std.logits(ids), 1, repeats)
-    del std, msar
+    out = {"prefill": paired_ratio(*(_prefill_run(paths[(k, "prefill")], ids, threads) for k in ("msar", "standard")),
+                                   1, repeats)}
     for batch in batches:
         prompt = torch.randint(0, cfg.vocab_size, (batch, 64), generator=torch.Generator().manual_seed(1))
-        runs = [ort_decode_steps(OrtDecoder(paths[(k, "decode")], threads=threads), prompt, 16)
-                for k in ("standard", "msar")]
         log(f"    pair: decode batch {batch}")
-        out[f"decode_b{batch}"] = paired_ratio(runs[1], runs[0], 1, repeats)
-        del runs
+        out[f"decode_b{batch}"] = paired_ratio(*(_decode_run(paths[(k, "decode")], prompt, threads)
+                                                 for k in ("msar", "standard")), 1, repeats)
     return out
 
 
@@ -94,28 +119,38 @@ def _processes(paths: dict, cfg: MSARConfig, T: int, batches, threads: int, roun
 
 
 def run_width_sweep(widths=(512, 1024), base: MSARConfig | None = None, T: int = 512, batches=(1, 8),
-                    threads: int = 2, repeats: int = 7, process_rounds: int = 2, log=None) -> dict:
-    from .models import native_available
+                    threads: int = 2, repeats: int = 7, process_rounds: int | None = None, log=None) -> dict:
+    """process_rounds: rounds of one process per graph (None: the bench's, BenchSettings; 0: none)."""
+    from ..runners.ort_runner import resolve_ort_ops
+    from .memory import terminated_as_exit
     from .run import BenchSettings
     from .timing import machine_description
 
     log = log or silent
     base = base or BenchSettings().model
+    process_rounds = BenchSettings().process_rounds if process_rounds is None else process_rounds
     cfgs = [widened(base, d) for d in widths]  # every width checked before the first export
+    plan_disk(cfgs, Path(tempfile.gettempdir()))
+    native = resolve_ort_ops(None) is not None  # what every session here registers (MSAR_ORT_OPS too)
     rows = []
-    for cfg in cfgs:
-        log(f"  d_model {cfg.d_model}: exporting")
-        with tempfile.TemporaryDirectory(prefix="msar-width-") as tmp:
-            paths = _export(cfg, Path(tmp))
-            row = {"d_model": cfg.d_model, "predicted_prefill": mac_model(cfg, T)["predicted_ratio_scored"],
-                   "pairs": _in_process(paths, cfg, T, batches, threads, repeats, log)}
-            if process_rounds:
-                row["processes"] = _processes(paths, cfg, T, batches, threads, process_rounds, log)
-        rows.append(row)
-        log(f"  d_model {cfg.d_model}: " + json.dumps(row))
+    with terminated_as_exit():  # a terminated sweep still removes its exports
+        for cfg in cfgs:
+            rows.append(_width_row(cfg, T, batches, threads, repeats, process_rounds, log))
     return {"machine": machine_description(threads), "n_blocks": base.n_blocks, "tokens": T, "batches": list(batches),
-            "stream_kernels": list(base.stream_kernels), "native": native_available(), "repeats": repeats,
+            "stream_kernels": list(base.stream_kernels), "native": native, "repeats": repeats,
             "process_rounds": process_rounds, "rows": rows}
+
+
+def _width_row(cfg: MSARConfig, T: int, batches, threads: int, repeats: int, process_rounds: int, log) -> dict:
+    log(f"  d_model {cfg.d_model}: exporting")
+    with tempfile.TemporaryDirectory(prefix="msar-width-") as tmp:
+        paths = _export(cfg, Path(tmp))
+        row = {"d_model": cfg.d_model, "predicted_prefill": mac_model(cfg, T)["predicted_ratio_scored"],
+               "pairs": _in_process(paths, cfg, T, batches, threads, repeats, log)}
+        if process_rounds:
+            row["processes"] = _processes(paths, cfg, T, batches, threads, process_rounds, log)
+    log(f"  d_model {cfg.d_model}: " + json.dumps(row))
+    return row
 
 
 def _ratio(r: dict | None) -> str:
