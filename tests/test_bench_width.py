@@ -67,18 +67,42 @@ def test_bad_widths_exit_2_with_one_line(widths, capsys):
     assert len(err) == 1 and "--width-sweep" in err[0]
 
 
-@pytest.mark.parametrize("text", [None, "no markers here\n"])
-def test_a_readme_it_cannot_update_is_refused_before_the_run(text, tmp_path, capsys, monkeypatch):
-    import msar_export.bench.width as width
+OTHER_BLOCK = "another mode's block"
 
-    monkeypatch.setattr(width, "run_width_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+
+@pytest.mark.parametrize("text", [None, "no markers here\n", OTHER_BLOCK])
+@pytest.mark.parametrize("mode, module, runner, other", [
+    (["--width-sweep", "128"], "width", "run_width_sweep", "depth-sweep"),
+    (["--depth-sweep", "2"], "depth", "run_depth_sweep", "width-sweep"),
+    (["--quick"], "run", "run_bench", "depth-sweep")])
+def test_a_readme_it_cannot_update_is_refused_before_the_run(text, mode, module, runner, other, tmp_path, capsys,
+                                                             monkeypatch):
+    """Every bench mode that rewrites a README block checks the file and that block's own markers
+    before it runs (another mode's markers do not let it through)."""
+    import importlib
+
+    if text == OTHER_BLOCK:
+        text = f"<!-- {other}:begin -->\n<!-- {other}:end -->\n"
+    monkeypatch.setattr(importlib.import_module(f"msar_export.bench.{module}"), runner,
+                        lambda *a, **k: pytest.fail("the run started"))
     readme = tmp_path / "README.md"
     if text is not None:
         readme.write_text(text)
-    assert main(["bench", "--width-sweep", "128", "--update-readme", str(readme)]) == 2
+    assert main(["bench", *mode, "--update-readme", str(readme)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--update-readme" in err[0]
     assert text is None and not readme.exists() or readme.read_text() == text
+
+
+def test_width_and_depth_sweeps_together_are_refused_before_either_runs(capsys, monkeypatch):
+    import msar_export.bench.depth as depth
+    import msar_export.bench.width as width
+
+    monkeypatch.setattr(depth, "run_depth_sweep", lambda *a, **k: pytest.fail("the depth sweep ran"))
+    monkeypatch.setattr(width, "run_width_sweep", lambda *a, **k: pytest.fail("the width sweep ran"))
+    assert main(["bench", "--width-sweep", "512", "--depth-sweep", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--width-sweep and --depth-sweep" in err[0]
 
 
 def test_ratios_are_msar_over_standard_and_the_process_times_land_by_side(monkeypatch):

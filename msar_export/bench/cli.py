@@ -8,13 +8,44 @@ from ..cli_common import say
 from ..numbers import MIB, MPARAMS, SIZE, THREADS, machine_threads
 
 
+def readme_block(a) -> tuple[str, str] | None:
+    """The markers of the README block this run of `bench` rewrites (None: the mode writes none),
+    in the order cmd_bench picks its mode."""
+    if a.export_scaling:
+        from .scaling import SCALING_BEGIN, SCALING_END
+
+        return SCALING_BEGIN, SCALING_END
+    if a.export_memory:
+        from .memory import MEMORY_BEGIN, MEMORY_END
+
+        return MEMORY_BEGIN, MEMORY_END
+    if a.depth_sweep:
+        from .depth import BEGIN, END
+
+        return BEGIN, END
+    if a.width_sweep is not None:
+        from .width import BEGIN, END
+
+        return BEGIN, END
+    if a.mixer:
+        return None
+    from .report import BEGIN, END
+
+    return BEGIN, END
+
+
 def cmd_bench(a) -> int:
     import json
 
     from ..errors import InputError
-    from .report import markdown_table, update_readme
+    from .report import markdown_table, readme_with_block, update_readme
     from .run import QUICK, BenchSettings, run_bench, write_results
 
+    if a.width_sweep is not None and a.depth_sweep:
+        raise InputError("--width-sweep and --depth-sweep are separate runs: give one")
+    block = readme_block(a)
+    if a.update_readme and block is not None:
+        readme_with_block(Path(a.update_readme), *block)  # before any run: a late failure would lose its results
     if a.export_scaling:
         from .scaling import KIND_FLAGS, run_export_scaling, scaling_table, write_scaling
 
@@ -72,11 +103,8 @@ def cmd_bench(a) -> int:
         print(depth_table(res))
         return 0
     if a.width_sweep is not None:
-        from .report import readme_with_block
-        from .width import BEGIN as WB, END as WE, run_width_sweep, widened, width_table, write_width_sweep
+        from .width import run_width_sweep, widened, width_table, write_width_sweep
 
-        if a.depth_sweep:
-            raise InputError("--width-sweep and --depth-sweep are separate runs: give one")
         try:
             widths = tuple(int(x) for x in a.width_sweep.split(","))
             for d in widths:
@@ -85,9 +113,8 @@ def cmd_bench(a) -> int:
             raise InputError(f"--width-sweep takes comma-separated widths ({e})") from None
         if len(set(widths)) != len(widths):
             raise InputError(f"--width-sweep: each width once, got {a.width_sweep!r}")
-        readme = readme_with_block(Path(a.update_readme), WB, WE) if a.update_readme else None  # before the run
         res = run_width_sweep(widths, threads=a.threads, repeats=a.repeats or 7, log=say)
-        write_width_sweep(res, Path(a.out), readme)
+        write_width_sweep(res, Path(a.out), Path(a.update_readme) if a.update_readme else None)
         print(width_table(res))
         return 0
     if a.mixer:
