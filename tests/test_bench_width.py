@@ -110,10 +110,11 @@ def test_ratios_are_msar_over_standard_and_the_process_times_land_by_side(monkey
     one-process rows' ms taken from the right side of every round."""
     import msar_export.bench.paired as paired
     import msar_export.bench.processes as processes
+    import msar_export.bench.steps as steps
     import msar_export.bench.width as width
 
-    monkeypatch.setattr(width, "_prefill_run", lambda path, ids, threads: ("prefill", Path(path).name))
-    monkeypatch.setattr(width, "_decode_run", lambda path, prompt, threads: (f"b{prompt.shape[0]}", Path(path).name))
+    monkeypatch.setattr(steps, "ort_prefill_run", lambda path, ids, threads: ("prefill", Path(path).name))
+    monkeypatch.setattr(steps, "ort_decode_run", lambda path, batch, vocab, threads: (f"b{batch}", Path(path).name))
     pairs, procs = [], []
 
     def pair(fn, base, warmup, repeats):

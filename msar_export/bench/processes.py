@@ -17,7 +17,6 @@ import sys
 import time
 
 WARMUP = 3
-DECODE_PROMPT, DECODE_STEPS = 64, 16
 
 
 def child_time(path: str, batch: int | None, tokens: int, runs: int, threads: int, vocab: int) -> float:
@@ -25,25 +24,12 @@ def child_time(path: str, batch: int | None, tokens: int, runs: int, threads: in
     64-token prompt (ms per step) when `batch` is given, in this process."""
     import numpy as np
 
+    from .steps import DECODE_STEPS, ort_decode_run, ort_prefill_run
+
     if batch is None:
-        from ..runners.ort_runner import OrtGraph
-
-        graph = OrtGraph(path, threads=threads)
-        ids = np.random.default_rng(0).integers(0, vocab, (1, tokens))
-
-        def run():
-            graph.logits(ids)
-
-        per = 1
+        run, per = ort_prefill_run(path, np.random.default_rng(0).integers(0, vocab, (1, tokens)), threads), 1
     else:
-        import torch
-
-        from ..runtime import OrtDecoder
-        from .steps import ort_decode_steps
-
-        prompt = torch.randint(0, vocab, (batch, DECODE_PROMPT), generator=torch.Generator().manual_seed(1))
-        run = ort_decode_steps(OrtDecoder(path, threads=threads), prompt, DECODE_STEPS)
-        per = DECODE_STEPS
+        run, per = ort_decode_run(path, batch, vocab, threads), DECODE_STEPS
     for _ in range(WARMUP):
         run()
     times = []

@@ -71,34 +71,18 @@ def _export(cfg: MSARConfig, folder: Path) -> dict[str, Path]:
     return paths
 
 
-def _prefill_run(path: Path, ids, threads: int):
-    from ..runtime import OrtModel
-
-    graph = OrtModel(path, threads=threads).ort
-    return lambda: graph.logits(ids)
-
-
-def _decode_run(path: Path, prompt, threads: int):
-    from ..runtime import OrtDecoder
-    from .steps import ort_decode_steps
-
-    return ort_decode_steps(OrtDecoder(path, threads=threads), prompt, 16)
-
-
 def _in_process(paths: dict, cfg: MSARConfig, T: int, batches, threads: int, repeats: int, log) -> dict:
     """msar over standard (paired_ratio's fn over its base) for the prefill and each decode batch."""
-    import torch
-
+    from . import steps
     from .paired import paired_ratio
 
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, T))
     log("    pair: prefill")
-    out = {"prefill": paired_ratio(*(_prefill_run(paths[(k, "prefill")], ids, threads) for k in ("msar", "standard")),
-                                   1, repeats)}
+    out = {"prefill": paired_ratio(*(steps.ort_prefill_run(paths[(k, "prefill")], ids, threads)
+                                     for k in ("msar", "standard")), 1, repeats)}
     for batch in batches:
-        prompt = torch.randint(0, cfg.vocab_size, (batch, 64), generator=torch.Generator().manual_seed(1))
         log(f"    pair: decode batch {batch}")
-        out[f"decode_b{batch}"] = paired_ratio(*(_decode_run(paths[(k, "decode")], prompt, threads)
+        out[f"decode_b{batch}"] = paired_ratio(*(steps.ort_decode_run(paths[(k, "decode")], batch, cfg.vocab_size, threads)
                                                  for k in ("msar", "standard")), 1, repeats)
     return out
 
