@@ -5,6 +5,7 @@ order alternates, and a graph that cannot be run fails the call instead of givin
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,31 @@ def test_a_graph_that_cannot_run_fails(faithful, tmp_path):
     bad.write_bytes(b"not a model")
     with pytest.raises(subprocess.CalledProcessError):
         process_ratio(str(faithful[1]), str(bad), tokens=16, rounds=1, runs=1, threads=1, vocab=faithful[2]["vocab_size"])
+
+
+def test_the_bench_keys_its_process_rows_and_times_the_right_files(tmp_path, monkeypatch):
+    """run.process_pairs through processes.goal_ratios, process_ratio stubbed: the standard file is
+    always a, the msar file b, and each result lands under the bench's key for it."""
+    import msar_export.bench.processes as processes
+    from msar_export.bench.run import BenchSettings, process_pairs
+
+    calls = []
+
+    def stub(a, b, batch=None, tokens=512, rounds=4, threads=2, vocab=256, log=None):
+        calls.append((Path(a).name, Path(b).name, batch, tokens, rounds))
+        return {"median": float(len(calls))}
+
+    monkeypatch.setattr(processes, "process_ratio", stub)
+    s = BenchSettings(decode_batches=(1, 8), process_rounds=3)
+    got = process_pairs(tmp_path, s, log=lambda *_: None)
+    assert calls == [("standard-decomposed.onnx", "msar-scored.onnx", None, 512, 3),
+                     ("standard-decode.onnx", "msar-decode.onnx", 1, 512, 3),
+                     ("standard-decode.onnx", "msar-decode.onnx", 8, 512, 3)]
+    assert got == {"msar/standard prefill time in ORT (ort-native-scored), one process each": {"median": 1.0},
+                   "standard/msar decode tokens/s, batch 1 (ort), one process each": {"median": 2.0},
+                   "standard/msar decode tokens/s, batch 8 (ort), one process each": {"median": 3.0}}
+    calls.clear()
+    s.prefill_shapes = ((4, 256),)  # a batched prefill shape: the one-process prefill row is the 1 x T one only
+    assert list(process_pairs(tmp_path, s, log=lambda *_: None)) == [
+        "standard/msar decode tokens/s, batch 1 (ort), one process each",
+        "standard/msar decode tokens/s, batch 8 (ort), one process each"]

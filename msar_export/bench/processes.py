@@ -64,6 +64,19 @@ def process_ratio(a: str, b: str, batch: int | None = None, tokens: int = 512, r
             "times": times}
 
 
+def goal_ratios(files: dict, tokens: int, batches, rounds: int, threads: int, vocab: int, log, prefill: bool = True) -> dict:
+    """msar over standard, one process per graph: the prefill ("prefill", when `prefill`) and the time
+    per decode step at each batch ("decode_b{batch}"). files[(kind, graph)]: the path of kind
+    standard or msar, graph prefill or decode."""
+    jobs = [("prefill", "prefill", None)] if prefill else []
+    out = {}
+    for name, graph, batch in jobs + [(f"decode_b{b}", "decode", b) for b in batches]:
+        log(f"    one process each: {name}")
+        out[name] = process_ratio(str(files[("standard", graph)]), str(files[("msar", graph)]), batch=batch,
+                                  tokens=tokens, rounds=rounds, threads=threads, vocab=vocab)
+    return out
+
+
 def main(argv=None) -> None:
     import argparse
 

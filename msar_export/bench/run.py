@@ -241,20 +241,18 @@ def process_pairs(workdir: Path, settings: BenchSettings, log) -> dict:
     """msar's native goal rows (the scored prefill file, the decode file) against the standard
     model's, each graph in a process of its own (bench/processes.py), keyed as the in-process
     pairs with ", one process each" added."""
-    from .processes import process_ratio
+    from .processes import goal_ratios
 
-    out, vocab = {}, settings.model.vocab_size
     B, T = settings.prefill_shapes[0]
-    if B == 1:
-        log(f"  processes: msar ort-native-scored prefill {B}x{T}")
-        out["msar/standard prefill time in ORT (ort-native-scored), one process each"] = process_ratio(
-            str(workdir / "standard-decomposed.onnx"), str(workdir / "msar-scored.onnx"), tokens=T,
-            rounds=settings.process_rounds, threads=settings.threads, vocab=vocab)
+    files = {("standard", "prefill"): workdir / "standard-decomposed.onnx", ("msar", "prefill"): workdir / "msar-scored.onnx",
+             ("standard", "decode"): workdir / "standard-decode.onnx", ("msar", "decode"): workdir / "msar-decode.onnx"}
+    res = goal_ratios(files, T, settings.decode_batches, settings.process_rounds, settings.threads,
+                      settings.model.vocab_size, log, prefill=B == 1)
+    out = {}
+    if "prefill" in res:
+        out["msar/standard prefill time in ORT (ort-native-scored), one process each"] = res["prefill"]
     for batch in settings.decode_batches:
-        log(f"  processes: msar ort decode batch {batch}")
-        out[f"standard/msar decode tokens/s, batch {batch} (ort), one process each"] = process_ratio(
-            str(workdir / "standard-decode.onnx"), str(workdir / "msar-decode.onnx"), batch=batch,
-            rounds=settings.process_rounds, threads=settings.threads, vocab=vocab)
+        out[f"standard/msar decode tokens/s, batch {batch} (ort), one process each"] = res[f"decode_b{batch}"]
     return out
 
 

@@ -88,17 +88,13 @@ def _in_process(paths: dict, cfg: MSARConfig, T: int, batches, threads: int, rep
 
 
 def _processes(paths: dict, cfg: MSARConfig, T: int, batches, threads: int, rounds: int, log) -> dict:
-    from .processes import process_ratio
+    from . import processes
 
-    out = {}
-    for name, graph, batch in [("prefill", "prefill", None), *((f"decode_b{b}", "decode", b) for b in batches)]:
-        log(f"    one process each: {name}")
-        res = process_ratio(str(paths[("standard", graph)]), str(paths[("msar", graph)]), batch=batch, tokens=T,
-                            rounds=rounds, threads=threads, vocab=cfg.vocab_size)
-        out[name] = {k: v for k, v in res.items() if k != "times"}
+    out = processes.goal_ratios(paths, T, batches, rounds, threads, cfg.vocab_size, log)
+    for name, res in out.items():
+        times = res.pop("times")
         # ms per prefill or per decode step, the rounds' medians: how the step itself grows with width
-        out[name]["standard_ms"], out[name]["msar_ms"] = (round(statistics.median(t[i] for t in res["times"]), 2)
-                                                          for i in (0, 1))
+        res["standard_ms"], res["msar_ms"] = (round(statistics.median(t[i] for t in times), 2) for i in (0, 1))
     return out
 
 
