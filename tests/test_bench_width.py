@@ -146,3 +146,13 @@ def test_readme_width_sweep_table_is_generated_from_the_checked_in_results():
     result = json.loads((REPO / "benchmarks" / "width_sweep.json").read_text())
     block = (REPO / "README.md").read_text().split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert block == width_table(result).strip()
+
+
+def test_a_sweep_the_disk_cannot_hold_is_refused_before_any_export(tmp_path):
+    from msar_export.bench.width import plan_disk
+    from msar_export.errors import InputError
+
+    base = BenchSettings().model
+    assert plan_disk([widened(base, 512)], tmp_path) > 4 * 23e6 * 4  # four float32 files of 23 M+ parameters
+    with pytest.raises(InputError, match=r"--width-sweep needs [0-9.]+ GiB free in .* set TMPDIR"):
+        plan_disk([widened(base, 512), widened(base, 2**16)], tmp_path)  # 2^16 wide: terabytes

@@ -51,12 +51,18 @@ def baseline_mb() -> float:
 def plan_disk(cfg: MSARConfig, work: Path | None) -> int:
     """Refuse, before writing anything, a run the disk cannot hold: the float32 checkpoint,
     one export's file (at most as large: its weights in float32) and 1 GiB.  Returns the need."""
-    need = 2 * checkpoint_bytes(cfg) + 2**30
-    folder = Path(work) if work is not None else Path(tempfile.gettempdir())
+    return require_free(Path(work) if work is not None else Path(tempfile.gettempdir()),
+                        2 * checkpoint_bytes(cfg) + 2**30, "--export-memory", "(checkpoint + export + 1 GiB)",
+                        "give another folder with --memory-work")
+
+
+def require_free(folder: Path, need: int, flag: str, what: str, remedy: str) -> int:
+    """`need` bytes free in `folder`, or an InputError naming the flag, what the bytes are for and the
+    remedy, before anything is written. Returns the need."""
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise InputError(f"--export-memory needs {need / 2**30:.1f} GiB free in {folder} (checkpoint + export + "
-                         f"1 GiB), {free / 2**30:.1f} GiB are; give another folder with --memory-work")
+        raise InputError(f"{flag} needs {need / 2**30:.1f} GiB free in {folder} {what}, {free / 2**30:.1f} GiB are; "
+                         f"{remedy}")
     return need
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -40,16 +39,12 @@ def widened(base: MSARConfig, d: int) -> MSARConfig:
 def plan_disk(cfgs: list[MSARConfig], folder: Path) -> int:
     """Refuse, before writing anything, a sweep the disk cannot hold: one width's four float32 files
     (two graphs of each model, each about its checkpoint's size) at a time, and 1 GiB."""
-    from ..errors import InputError
     from .bounds import checkpoint_bytes
+    from .memory import require_free
 
     need = max(2 * sum(checkpoint_bytes(dataclasses.replace(c, residual=k)) for k in ("standard", "msar"))
                for c in cfgs) + 2**30
-    free = shutil.disk_usage(folder).free
-    if free < need:
-        raise InputError(f"--width-sweep needs {need / 2**30:.1f} GiB free in {folder} for its exports, "
-                         f"{free / 2**30:.1f} GiB are; set TMPDIR to a folder with more room")
-    return need
+    return require_free(folder, need, "--width-sweep", "for its exports", "set TMPDIR to a folder with more room")
 
 
 def _export(cfg: MSARConfig, folder: Path) -> dict[str, Path]:
