@@ -12,10 +12,9 @@ decode step spends beyond the standard model") used it on decode graphs.
 
 ScoredMixer (the `--mixer-op scored` prefill graph) is a bound, not a stand-in: every mixer with an even
 number of sources keeps only its newest source, that source's row of the scores and its conv taps (two
-Slices). That is
-what one node per mixer pair (1, 2), (3, 4), ... would leave the pair's second mixer, with nothing
-added for the first mixer's second set of sums or the partial sums handed between them: the most such
-a node could save ("Measured, not kept (2026-12-04 morning)")."""
+Slices). That is what one node per mixer pair (1, 2), (3, 4), ... would leave the pair's second mixer,
+with nothing added for the first mixer's second set of sums or the partial sums handed between them:
+the most such a node could save ("Measured, not kept (2026-12-04 morning)")."""
 
 from __future__ import annotations
 
@@ -36,17 +35,14 @@ def stand_in(node: onnx.NodeProto) -> list[onnx.NodeProto]:
             return [node]
         # the newest source's score row and its conv taps (bank row n-1: row 0, which every mixer
         # reads, would more likely be in cache and flatter the bound)
-        picks, picked = [], []
-        for port, what in ((SCORED_FIXED - 1, "scores"), (SCORED_FIXED - 2, "taps")):
-            picked.append(f"{node.output[0]}_newest_{what}")
-            picks.append(helper.make_node("Slice", [node.input[port], f"free_row_{n - 1}", f"free_row_{n}",
-                                                    "free_zero"], [picked[-1]]))
+        picks = [helper.make_node("Slice", [node.input[port], f"free_row_{n - 1}", f"free_row_{n}", "free_zero"],
+                                  [f"{node.output[0]}_newest_{port}"]) for port in (SCORED_FIXED - 2, SCORED_FIXED - 1)]
         pair = onnx.NodeProto()
         pair.CopyFrom(node)
         pair.name = f"{node.name}_pair_bound"
         pair.overload = "n1"  # the function body of one source (export/functions.py names overloads n{count})
         del pair.input[:]
-        pair.input.extend([*node.input[:SCORED_FIXED - 2], picked[1], picked[0], node.input[-1]])
+        pair.input.extend([*node.input[:SCORED_FIXED - 2], *(p.output[0] for p in picks), node.input[-1]])
         return [*picks, pair]
     if node.op_type == "DepthRetrieval":
         return [helper.make_node("Identity", [node.input[-1]], list(node.output), name=f"{node.name}_free")]
