@@ -154,3 +154,21 @@ def test_time_fn_and_interleaved_summarise_samples_alike():
     assert calls == ["f"] * 5 and one.repeats == 3 and one.min_s <= one.median_s <= one.max_s
     both = timing.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 1, 2)
     assert calls[5:] == ["a", "b", "a", "b", "a", "b"] and [t.repeats for t in both.values()] == [2, 2]
+
+
+def test_tiny_depth_sweep_times_every_graph_kind():
+    """run_depth_sweep end to end on a tiny model: a ratio for each graph it exports (the FusedMixer
+    file on native kernels and function bodies, the scored file) at each depth."""
+    from msar_export.bench.depth import run_depth_sweep
+    from msar_export.bench.models import native_available
+    from msar_export.config import MSARConfig
+
+    base = MSARConfig(d_model=64, n_blocks=1, n_heads=2, n_kv_heads=1, mlp_hidden=128, vocab_size=64, max_seq_len=256)
+    res = run_depth_sweep((1, 2), base=base, T=16, repeats=2)
+    hows = ["native", "scored", "function"] if native_available() else ["function"]
+    assert [r["n_blocks"] for r in res["rows"]] == [1, 2]
+    for row in res["rows"]:
+        for how in hows:
+            lo, hi = row[f"ratio_{how}_spread"]
+            assert 0 < lo <= row[f"ratio_{how}"] <= hi and row[f"msar_{how}_ms"] > 0
+        assert row["standard_ms"] > 0

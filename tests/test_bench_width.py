@@ -127,8 +127,10 @@ def test_ratios_are_msar_over_standard_and_the_process_times_land_by_side(monkey
 
     monkeypatch.setattr(paired, "paired_ratio", pair)
     monkeypatch.setattr(processes, "process_ratio", process)
-    monkeypatch.setattr(width, "_export", lambda cfg, folder: {(k, g): folder / f"{k}.{g}.onnx"
-                                                               for k in ("standard", "msar") for g in ("prefill", "decode")})
+    import msar_export.bench.models as models
+
+    monkeypatch.setattr(models, "export_random", lambda cfg, files, folder: {key: Path(folder) / f"{key[0]}.{key[1]}.onnx"
+                                                                             for key in files})
     base = MSARConfig(d_model=128, n_blocks=1, n_heads=2, n_kv_heads=1, mlp_hidden=352, vocab_size=64, max_seq_len=256)
     res = run_width_sweep((128,), base=base, T=16, batches=(1, 3), repeats=2, process_rounds=2)
     assert pairs == [(("prefill", "msar.prefill.onnx"), ("prefill", "standard.prefill.onnx")),

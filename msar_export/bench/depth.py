@@ -43,9 +43,9 @@ def mac_model(cfg: MSARConfig, T: int) -> dict:
 def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int = 512, threads: int = 2,
                     repeats: int = 5, log=None) -> dict:
     log = log or silent
-    from ..export import ExportOptions, export_model
+    from ..export import ExportOptions
     from ..runtime import OrtModel
-    from .models import native_available, random_model
+    from .models import export_random, native_available
     from .timing import interleaved_samples, machine_description
 
     from .run import BenchSettings
@@ -57,18 +57,15 @@ def run_depth_sweep(depths=(8, 16, 32), base: MSARConfig | None = None, T: int =
         cfg = dataclasses.replace(base, n_blocks=n_blocks)
         runs = {}
         with tempfile.TemporaryDirectory(prefix="msar-depth-") as tmp:
-            files = (("standard", ExportOptions(decomposed=True), ["ort"]),
-                     ("msar", ExportOptions(), [h for h in hows if h != "scored"]),
-                     ("msar-scored", ExportOptions(mixer_op="scored"), [h for h in hows if h == "scored"]))
-            for name, opts, file_hows in files:
-                if not file_hows:
-                    continue
-                path = Path(tmp) / f"{name}.onnx"
-                kind = name.split("-")[0]
-                export_model(random_model(dataclasses.replace(cfg, residual=kind)), path, opts, validate=False)
-                for how in file_hows:
-                    ort_ops = {"ort": None, "scored": "native"}.get(how, how)
-                    runs[how] = OrtModel(path, threads=threads, ort_ops=ort_ops).ort
+            files = {("standard", "prefill"): ExportOptions(decomposed=True), ("msar", "fused"): ExportOptions()}
+            if "scored" in hows:
+                files[("msar", "scored")] = ExportOptions(mixer_op="scored")
+            paths = export_random(cfg, files, tmp)
+            graph_of = {"ort": ("standard", "prefill"), "native": ("msar", "fused"), "function": ("msar", "fused"),
+                        "scored": ("msar", "scored")}
+            for how in ["ort", *hows]:
+                ort_ops = {"ort": None, "scored": "native"}.get(how, how)
+                runs[how] = OrtModel(paths[graph_of[how]], threads=threads, ort_ops=ort_ops).ort
             ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, T))
             std, row = [], {"n_blocks": n_blocks}
             for how in hows:

@@ -20,6 +20,25 @@ def random_model(cfg: MSARConfig, seed: int = 0) -> MSARLM:
     return model.eval()
 
 
+def export_random(cfg: MSARConfig, files: dict, folder) -> dict:
+    """files[(kind, name)]: the ExportOptions of a graph of `cfg`'s random model of that residual kind,
+    written to folder/KIND.NAME.onnx (unvalidated); each kind's model is built once. The paths, by key."""
+    import dataclasses
+    from pathlib import Path
+
+    from ..export import export_model
+
+    paths = {}
+    for kind in dict.fromkeys(k for k, _ in files):
+        model = random_model(dataclasses.replace(cfg, residual=kind))
+        for (k, name), opts in files.items():
+            if k == kind:
+                paths[(k, name)] = Path(folder) / f"{k}.{name}.onnx"
+                export_model(model, paths[(k, name)], opts, validate=False)
+        del model
+    return paths
+
+
 def native_available() -> bool:
     from ..runners.ort_runner import native_library
 

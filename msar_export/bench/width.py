@@ -47,25 +47,6 @@ def plan_disk(cfgs: list[MSARConfig], folder: Path) -> int:
     return require_free(folder, need, "--width-sweep", "for its exports", "set TMPDIR to a folder with more room")
 
 
-def _export(cfg: MSARConfig, folder: Path) -> dict[str, Path]:
-    from ..export import ExportOptions, export_model
-    from .models import random_model
-
-    files = {("standard", "prefill"): ExportOptions(decomposed=True),
-             ("standard", "decode"): ExportOptions(decomposed=True, decode=True),
-             ("msar", "prefill"): ExportOptions(mixer_op="scored"),
-             ("msar", "decode"): ExportOptions(decode=True)}
-    paths = {}
-    for kind in ("standard", "msar"):
-        model = random_model(dataclasses.replace(cfg, residual=kind))
-        for (k, graph), opts in files.items():
-            if k == kind:
-                paths[(kind, graph)] = folder / f"{kind}.{graph}.onnx"
-                export_model(model, paths[(kind, graph)], opts, validate=False)
-        del model
-    return paths
-
-
 def _in_process(paths: dict, cfg: MSARConfig, T: int, batches, threads: int, repeats: int, log) -> dict:
     """msar over standard (paired_ratio's fn over its base) for the prefill and each decode batch."""
     from . import steps
@@ -117,9 +98,16 @@ def run_width_sweep(widths=(512, 1024), base: MSARConfig | None = None, T: int =
 
 
 def _width_row(cfg: MSARConfig, T: int, batches, threads: int, repeats: int, process_rounds: int, log) -> dict:
+    """One width: the goal rows' graphs exported (msar's prefill scored), then timed both ways."""
+    from ..export import ExportOptions
+    from .models import export_random
+
     log(f"  d_model {cfg.d_model}: exporting")
     with tempfile.TemporaryDirectory(prefix="msar-width-") as tmp:
-        paths = _export(cfg, Path(tmp))
+        paths = export_random(cfg, {("standard", "prefill"): ExportOptions(decomposed=True),
+                                    ("standard", "decode"): ExportOptions(decomposed=True, decode=True),
+                                    ("msar", "prefill"): ExportOptions(mixer_op="scored"),
+                                    ("msar", "decode"): ExportOptions(decode=True)}, tmp)
         row = {"d_model": cfg.d_model, "predicted_prefill": mac_model(cfg, T)["predicted_ratio_scored"],
                "pairs": _in_process(paths, cfg, T, batches, threads, repeats, log)}
         if process_rounds:
