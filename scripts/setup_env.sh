@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, xdist, onnxruntime, msar_export, tensorrt_rtx, onnx_graphsurgeon, onnxconverter_common, onnxsim, onnxoptimizer, onnxslim, onnxruntime_genai" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import torch, xdist, pytest_timeout, onnxruntime, msar_export, tensorrt_rtx, onnx_graphsurgeon, onnxconverter_common, onnxsim, onnxoptimizer, onnxslim, onnxruntime_genai" >/dev/null 2>&1; then
     # Pinned first, so nothing else can make pip resolve a multi-GB CUDA torch.
     .venv/bin/pip install -q torch==2.13.0
     .venv/bin/pip install -q torch==2.13.0 -e ".[test,rtx,genai]"

@@ -19,7 +19,11 @@ pytest=(.venv/bin/python -m pytest -q -rs -p no:cacheprovider --durations=25)  #
 # loadfile: a test module runs on one worker, so its module fixtures (a build folder, the nvcc
 # compile check) are made once.  (loadgroup's xdist_group marks do nothing with pytest 9.2 and
 # pytest-xdist 3.8.0: xdist renames nodes through an attribute pytest 9 no longer reads.)
-workers=(-n "${MSAR_TEST_WORKERS:-2}" --dist loadfile)
+# --max-worker-restart 0: a worker that crashes (a segfault in native code) fails the run at once.
+# Replacing it hangs pytest-xdist 3.8.0's loadfile scheduler at the end of the run (it re-queues the
+# crashed worker's finished files as empty work: pytest-dev/pytest-xdist#784, #1378), which CI only
+# ends at its own time limit, with no summary.
+workers=(-n "${MSAR_TEST_WORKERS:-2}" --dist loadfile --max-worker-restart 0)
 if [ "$#" -gt 0 ]; then
     # The caller's selection (a later -m replaces the tier), in the workers.
     exec "${pytest[@]}" "${workers[@]}" -m "${tier% and }" "$@" tests
