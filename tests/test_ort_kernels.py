@@ -223,7 +223,23 @@ GATE_CASES = [(1, 1, 4, 40), (2, 37, 4, 37), (1, 70, 8, 130), (3, 2, 1, 16), (8,
 @pytest.mark.parametrize("precision", ["float32", "float16"])
 @pytest.mark.parametrize("case", GATE_CASES, ids=lambda c: "B{}T{}m{}d{}".format(*c))
 def test_stream_gate_matches_float64(ort_ops_library, case, precision):
-    B, T, m, d = case
+    check_stream_gate(ort_ops_library, *case, precision)
+
+
+# The kernels keep their scratch rows per thread, from call to call and session to session.  These
+# calls run on the calling thread (B * T <= 4 keeps a call off the pool), one size falling while
+# another grows: 8 streams of d 130 left a z buffer (m * d) long enough for 2 streams of d 300,
+# whose gated-sum row was then written past its own shorter buffer.  Only a sanitizer sees such a
+# write (tests/test_native_memory.py runs this module under AddressSanitizer).
+GATE_WALK = [(1, 2, 8, 130), (1, 3, 2, 300), (1, 1, 1, 700)]
+
+
+def test_stream_gate_shapes_in_turn_on_one_thread(ort_ops_library):
+    for case in GATE_WALK:
+        check_stream_gate(ort_ops_library, *case, "float32")
+
+
+def check_stream_gate(ort_ops_library, B, T, m, d, precision):
     g = torch.Generator().manual_seed(B + T + d)
     inp = dict(gate_weight=torch.randn(m, m * d, generator=g) / d**0.5, gate_bias=torch.randn(m, generator=g),
                gate_scale=torch.tensor(0.5 + torch.rand((), generator=g).item()), z=torch.randn(B, T, m, d, generator=g))

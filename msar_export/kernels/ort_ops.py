@@ -22,9 +22,11 @@ from . import cmake
 TARGET = "msar_ort_ops"
 
 
-def build_library(sources=None, headers=None) -> Path:
-    """The built library (cached CMake build folder; a no-op when up to date)."""
-    build = cmake.CMakeBuild(sources, defines={"ONNXRUNTIME_INCLUDE_DIR": str(headers or ""), "MSAR_CUDA": "OFF"})
+def build_library(sources=None, headers=None, defines: dict | None = None) -> Path:
+    """The built library (cached CMake build folder; a no-op when up to date).  `defines`: more
+    CMake cache entries (a sanitizer's flags), which key a build folder of their own."""
+    build = cmake.CMakeBuild(sources, defines={"ONNXRUNTIME_INCLUDE_DIR": str(headers or ""), "MSAR_CUDA": "OFF",
+                                               **(defines or {})})
     if not build.has_target(TARGET):
         raise cmake.BuildError(f"CMake skipped {TARGET}: {build.configure()}")
     return build.built(TARGET)

@@ -31,9 +31,14 @@ void row(Prepared const& P, int64_t item)
 {
     StreamGateProblem const& p = *P.p;
     int64_t const dp = P.dp, d = p.d, m = p.m;
+    // Each buffer on its own size: a thread that ran a gate of more streams keeps a tZ of m * dp
+    // large enough for a wider gate of fewer streams, whose row needs the longer tH.
     if (static_cast<int64_t>(tZ.size()) < m * dp)
     {
         tZ.resize(m * dp);
+    }
+    if (static_cast<int64_t>(tH.size()) < dp)
+    {
         tH.resize(dp);
     }
     float const* Z = tZ.data();  // [m][dp]
