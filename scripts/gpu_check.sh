@@ -10,7 +10,9 @@
 #   ncu       one pass per kernel, --clock-control none (the clocks the timing rows ran at)
 # Every stage is time-boxed and appends its line to summary.txt as it ends; a tool the device
 # does not support is "skipped", not "FAILED". Results in MSAR_GPU_CHECK_DIR (default
-# $OUT/gpu_check when $OUT is set, else build/gpu_check).
+# build/gpu_check). With $OUT set (the device tool's folder, which brings back at most 8 files),
+# the run ends by leaving two files there: summary.txt and gpu_check.tgz (every log and result,
+# not the build folder), also when a stage fails or the budget runs out.
 #
 #   scripts/gpu_check.sh [--quick]   # --quick: harness and correctness only
 #   scripts/gpu_check.sh --build-only # no GPU needed: the device build alone (nvcc, sm MSAR_CUDA_ARCH, default 90),
@@ -30,8 +32,7 @@ if [ -z "$PY" ]; then
 fi
 NVCC=${NVCC:-nvcc}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # msar_export from this checkout
-if [ -n "${OUT:-}" ]; then DEFAULT_DIR="$OUT/gpu_check"; else DEFAULT_DIR=build/gpu_check; fi
-DIR=${MSAR_GPU_CHECK_DIR:-$DEFAULT_DIR}
+DIR=${MSAR_GPU_CHECK_DIR:-build/gpu_check}
 BUDGET=${MSAR_GPU_CHECK_BUDGET_S:-540}
 # TensorRT's headers are never committed here: a folder inside the checkout that git would track is refused
 # (an ignored one, e.g. under build/, may be how a device session carries them).
@@ -60,6 +61,13 @@ fi
 mkdir -p "$DIR"
 SUMMARY="$DIR/summary.txt"
 : >"$SUMMARY"
+# shellcheck disable=SC2317 # run by the trap
+pack() {
+    [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
+    cp "$SUMMARY" "$OUT/summary.txt"
+    tar czf "$OUT/gpu_check.tgz" -C "$DIR" --exclude=./cmake .
+}
+trap pack EXIT
 note() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $((BUDGET - SECONDS)); }
 status=0

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -28,15 +29,16 @@ def dry_run(tmp_path_factory):
     if build.has_target("pluginHarness"):
         build.build("pluginHarness", "msar_emulation")
     out = tmp_path_factory.mktemp("gpu_check")
-    env = {**os.environ, "PYTHON": sys.executable, "MSAR_GPU_CHECK_DIR": str(out), "MSAR_GPU_CHECK_BUILD": str(build.dir)}
-    env.pop("OUT", None)
+    device_out = tmp_path_factory.mktemp("device_out")  # the device tool's $OUT
+    env = {**os.environ, "PYTHON": sys.executable, "MSAR_GPU_CHECK_DIR": str(out), "MSAR_GPU_CHECK_BUILD": str(build.dir),
+           "OUT": str(device_out)}
     r = subprocess.run([str(SCRIPTS / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True, env=env,
                        timeout=600)
-    return r, out
+    return r, out, device_out
 
 
 def test_dry_run_passes_end_to_end(dry_run):
-    r, out = dry_run
+    r, out, _ = dry_run
     assert r.returncode == 0, r.stdout + r.stderr
     summary = (out / "summary.txt").read_text().splitlines()
     assert "ok: build" in " ".join(summary) and any(line.startswith("ok: check") for line in summary), summary
@@ -56,6 +58,18 @@ def test_dry_run_passes_end_to_end(dry_run):
         if row["op"] == "decode retrieval":
             assert row["dtype"] == "bfloat16" and row["retrieval_model_us"] > 0  # the decode export's views
 
+
+
+def test_device_folder_gets_two_files_with_every_result(dry_run):
+    """The device tool brings back at most 8 files from $OUT: the run leaves its summary and one
+    archive of every log and result there, and never the build folder."""
+    _, out, device_out = dry_run
+    assert sorted(p.name for p in device_out.iterdir()) == ["gpu_check.tgz", "summary.txt"]
+    assert (device_out / "summary.txt").read_text() == (out / "summary.txt").read_text()
+    with tarfile.open(device_out / "gpu_check.tgz") as tar:
+        names = {n.lstrip("./") for n in tar.getnames()} - {""}
+    assert {"summary.txt", "results.json", "check.log", "build.log"} <= names, names
+    assert names == {p.name for p in out.iterdir()} - {"cmake"}, names
 
 def test_dry_run_catches_the_dtype_mix_put_back(tmp_path):
     """Negative control for issue 23 defect 1: the cached path's gate fusion given a bfloat16 z with the
