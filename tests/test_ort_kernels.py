@@ -69,7 +69,10 @@ MIXER_CASES = [  # (n, kernels, B, T, d)
 @pytest.mark.parametrize("precision", ["float32", "float16"])
 @pytest.mark.parametrize("case", MIXER_CASES, ids=lambda c: "n{}-k{}-B{}T{}d{}".format(c[0], len(c[1]), *c[2:]))
 def test_fused_mixer_matches_float64(ort_ops_library, case, precision):
-    n, kernels, B, T, d = case
+    check_fused_mixer(ort_ops_library, *case, precision)
+
+
+def check_fused_mixer(ort_ops_library, n, kernels, B, T, d, precision):
     inp = mixer_inputs(n, kernels, B, T, d, seed=n + T, conv_rows=n + 2)
     ref = K.reference_fused_mixer64(**stored(inp, precision), stream_kernels=kernels, eps=1e-6).numpy()
     native = run_mixer(inp, kernels, precision, ort_ops_library)
@@ -111,7 +114,10 @@ RETRIEVAL_CASES = [(1, 1, 2, 3, 37), (97, 4, 1, 2, 40), (9, 4, 3, 1, 8), (4, 2, 
 @pytest.mark.parametrize("precision", ["float32", "float16"])
 @pytest.mark.parametrize("case", RETRIEVAL_CASES, ids=lambda c: "n{}-m{}-B{}T{}d{}".format(*c))
 def test_depth_retrieval_matches_float64(ort_ops_library, case, precision):
-    n, m, B, T, d = case
+    check_depth_retrieval(ort_ops_library, *case, precision)
+
+
+def check_depth_retrieval(ort_ops_library, n, m, B, T, d, precision):
     g = torch.Generator().manual_seed(n * 7 + d)
     query = torch.randn(m, d, generator=g)
     views = [torch.randn(B, T, m, d, generator=g) * (1 + i % 3) for i in range(n)]
@@ -232,11 +238,24 @@ def test_stream_gate_matches_float64(ort_ops_library, case, precision):
 # whose gated-sum row was then written past its own shorter buffer.  Only a sanitizer sees such a
 # write (tests/test_native_memory.py runs this module under AddressSanitizer).
 GATE_WALK = [(1, 2, 8, 130), (1, 3, 2, 300), (1, 1, 1, 700)]
+# The other kernels that keep per-thread scratch, likewise: one work item each (B = 1, one token
+# tile; a retrieval under the size it keeps off the pool), sources, streams and width moving
+# against each other.
+MIXER_WALK = [(97, [1, 4, 8, 12], 1, 3, 24), (2, [1], 1, 30, 300), (9, [1, 2, 3, 4, 5, 6, 7, 8], 1, 5, 130),
+              (1, [1, 17, 5], 1, 2, 700)]
+RETRIEVAL_WALK = [(97, 4, 1, 1, 24), (2, 1, 1, 1, 700), (9, 8, 1, 1, 130)]
 
 
 def test_stream_gate_shapes_in_turn_on_one_thread(ort_ops_library):
     for case in GATE_WALK:
         check_stream_gate(ort_ops_library, *case, "float32")
+
+
+def test_fused_mixer_and_retrieval_shapes_in_turn_on_one_thread(ort_ops_library):
+    for case in MIXER_WALK:
+        check_fused_mixer(ort_ops_library, *case, "float32")
+    for case in RETRIEVAL_WALK:
+        check_depth_retrieval(ort_ops_library, *case, "float32")
 
 
 def check_stream_gate(ort_ops_library, B, T, m, d, precision):
