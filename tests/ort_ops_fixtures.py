@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def native_library() -> Path:
     from msar_export.kernels import cmake
-    from msar_export.kernels.ort_ops import build_library, install_path, stamp_path
+    from msar_export.kernels.ort_ops import install_path, stamp_path
     from msar_export.runners.ort_runner import native_library as installed
 
     lib = installed()
@@ -26,13 +26,23 @@ def native_library() -> Path:
         if stamp != cmake.sources_digest(REPO / "plugins"):
             pytest.fail(f"{lib} was not built from plugins/ as it is now (re-run scripts/setup_env.sh)")
         return lib
+    return built_library()
+
+
+def built_library(defines: dict | None = None) -> Path:
+    """The library built here from plugins/ (with `defines`, e.g. a sanitizer's flags, in a CMake
+    folder of its own), headers from scripts/fetch_ort_headers.sh; skipped with the reason where
+    it cannot be built."""
+    from msar_export.kernels import cmake
+    from msar_export.kernels.ort_ops import build_library
+
     why = cmake.tools_unavailable()
     if why is None:
         r = subprocess.run([str(REPO / "scripts" / "fetch_ort_headers.sh")], capture_output=True, text=True)
         if r.returncode != 0:
             why = r.stderr.strip()
         else:
-            return build_library(REPO / "plugins", r.stdout.strip())
+            return build_library(REPO / "plugins", r.stdout.strip(), defines=defines)
     pytest.skip(f"native msar kernels cannot be built here: {why}")
 
 

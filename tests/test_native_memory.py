@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from msar_export.kernels import cmake
+from ort_ops_fixtures import built_library
 
 REPO = Path(__file__).resolve().parent.parent
 SANITIZED = {"CMAKE_CXX_FLAGS": "-fsanitize=address -fno-omit-frame-pointer",
@@ -42,15 +41,7 @@ def runtime_libraries() -> list[str]:
 
 @pytest.fixture(scope="module")
 def asan_library() -> Path:
-    from msar_export.kernels.ort_ops import build_library
-
-    why = cmake.tools_unavailable()
-    if why is not None:
-        pytest.skip(f"cannot build plugins/ through CMake: {why}")
-    r = subprocess.run([str(REPO / "scripts" / "fetch_ort_headers.sh")], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"no ONNX Runtime headers: {r.stderr.strip()}")
-    return build_library(REPO / "plugins", r.stdout.strip(), defines=SANITIZED)
+    return built_library(SANITIZED)
 
 
 def sanitized_run(cmd: list[str], logs: Path, env: dict | None = None) -> tuple[int, str]:
